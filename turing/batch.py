@@ -1,0 +1,34 @@
+"""The batch every provider yields and the model consumes.
+
+A NamedTuple keeps the original's positional order, so `batch[1]` and `batch.input_ids`
+both work. Shapes for a micro batch of B sequences of length L:
+batch_type (B,), input_ids/input_mask/segment_ids/masked_lm_labels (B, L),
+next_sentence_labels (B,); all int64; masked_lm_labels is -1 where nothing is predicted.
+"""
+from enum import IntEnum
+from typing import NamedTuple
+
+import torch
+
+
+class BatchType(IntEnum):
+    RANKING_BATCH = 0
+    QP_BATCH = 1
+    PRETRAIN_BATCH = 2
+
+
+class Batch(NamedTuple):
+    batch_type: torch.Tensor
+    input_ids: torch.Tensor
+    input_mask: torch.Tensor
+    segment_ids: torch.Tensor
+    next_sentence_labels: torch.Tensor
+    masked_lm_labels: torch.Tensor
+
+    def to(self, device, non_blocking=False):
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+def collate_batch(items):
+    """DataLoader collate: stack per-field tensors (or numpy arrays) into a Batch."""
+    return Batch(*(torch.stack([torch.as_tensor(x) for x in field]) for field in zip(*items)))

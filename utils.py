@@ -1,0 +1,104 @@
+"""Command line of deepspeed_train.py and small helpers shared by the script and the providers.
+
+Owns: the argument parser (SPEC section 2), rank/world lookup that works with or without
+an initialised process group, and the time-to-exit check used by the step loop.
+"""
+import argparse
+import sys
+
+import torch.distributed as dist
+
+
+def get_argument_parser():
+    """Every flag of the pretraining script, one line of help each, with its default."""
+    parser = argparse.ArgumentParser(
+        description="Bing BERT pretraining with DeepSpeed",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+
+    # Required
+    add("--config-file", "--cf", dest="config_file", required=True,
+        help="job config JSON: model, vocab, datasets and per-sequence-length training settings")
+    add("--output_dir", required=True,
+        help="checkpoints go to OUT/saved_models/JOB, TensorBoard events to OUT/runs/JOB")
+
+    # Data and masking
+    add("--max_seq_length", type=int, default=512,
+        help="sequence length; selects the '128'/'512' entries of the job config")
+    add("--max_predictions_per_seq", "--max_pred", dest="max_predictions_per_seq", type=int, default=80,
+        help="cap on masked positions per sequence")
+    add("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
+        help="lower-case text and strip accents in the tokenizer")
+    add("--no_lower_case", dest="do_lower_case", action="store_false",
+        help="keep case and accents (cased vocab)")
+    add("--data_path_prefix", default="", help="prefix joined to the dataset paths of the job config")
+    add("--validation_data_path_prefix", default=None,
+        help="prefix joined to the job config's validation.path; unset = no validation")
+    add("--use_nvidia_dataset", action="store_true", default=False,
+        help="read NVIDIA hdf5 shards instead of Bing numpy shards")
+    add("--refresh_bucket_size", type=int, default=1,
+        help="each picked dataset is repeated grad_accum x this many micro-steps (Bing provider)")
+
+    # Run control
+    add("--seed", type=int, default=42, help="seed for python, numpy and torch")
+    add("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    add("--job_name", default=None, help="run name (default: the job config's 'name')")
+    add("--max_steps", type=int, default=sys.maxsize,
+        help="stop after this many optimizer steps, counted since the restore")
+    add("--max_steps_per_epoch", type=int, default=sys.maxsize,
+        help="end an epoch after this many optimizer steps")
+    add("--print_steps", type=int, default=100, help="progress line every this many optimizer steps")
+    add("--finetune", action="store_true", default=False, help="skip pretraining validation")
+    add("--log_level", default="info", choices=["debug", "info", "warning", "error"],
+        help="logging level of rank 0 (other ranks log warnings and errors)")
+    add("--debug", action="store_true", default=False,
+        help="show Python tracebacks for input errors instead of one error line")
+
+    # Learning rate
+    add("--lr_schedule", default="LE", choices=["LE", "EE", "EP"],
+        help="LE: linear warmup + exp decay, EE: exp warmup + exp decay, EP: exp warmup + poly decay")
+    add("--lr_offset", type=float, default=0.0, help="added to every computed learning rate")
+    add("--rewarmup", action="store_true", default=False,
+        help="restart the learning-rate warmup from the restored step (phase 2)")
+
+    # Checkpoints
+    add("--load_training_checkpoint", "--load_cp", dest="load_training_checkpoint", default=None,
+        help="checkpoint folder to resume from")
+    add("--load_checkpoint_id", "--load_cp_id", dest="load_checkpoint_id", default=None,
+        help="checkpoint tag inside that folder, e.g. epoch3_step1200")
+    add("--ckpt_to_save", nargs="+", type=int, default=None,
+        help="epoch numbers to checkpoint (default: every epoch)")
+    add("--use_pretrain", action="store_true", default=False,
+        help="start the encoder from the job config's bert_model_file")
+
+    # Model options
+    add("--deepspeed_transformer_kernel", action="store_true", default=False,
+        help="use DeepSpeed's fused transformer layer (CUDA only)")
+    add("--stochastic_mode", action="store_true", default=False, help="transformer kernel: stochastic mode")
+    add("--attention_dropout_checkpoint", action="store_true", default=False,
+        help="transformer kernel: recompute attention dropout in backward")
+    add("--normalize_invertible", action="store_true", default=False,
+        help="transformer kernel: invertible LayerNorm (saves memory)")
+    add("--gelu_checkpoint", action="store_true", default=False,
+        help="transformer kernel: recompute GELU in backward")
+    add("--deepspeed_sparse_attention", action="store_true", default=False,
+        help="block-sparse self-attention configured by ds_config 'sparse_attention'")
+    add("--progressive_layer_drop", action="store_true", default=False,
+        help="progressive layer drop, theta from ds_config 'progressive_layer_drop'")
+    return parser
+
+
+def get_rank_and_world():
+    """(global rank, world size); (0, 1) when no process group is initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_time_to_exit(args, epoch_steps=0, global_steps=0):
+    """True when the epoch or the whole run has done its allotted optimizer steps.
+
+    `epoch_steps` counts this epoch's optimizer steps; `global_steps` those since the restore.
+    """
+    return epoch_steps >= args.max_steps_per_epoch or global_steps >= args.max_steps
