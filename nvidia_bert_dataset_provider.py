@@ -1,0 +1,233 @@
+"""NVIDIA hdf5 pretraining shards (SPEC 6a), the `--use_nvidia_dataset` provider.
+
+Owns: the choice of shard file per (epoch, rank), reading and checking a shard, turning
+`masked_lm_positions`/`masked_lm_ids` into per-token labels, the DataLoader over a shard,
+and loading the next epoch's shard in a background process while this one trains.
+
+A shard is one `.hdf5` file as NVIDIA's `create_pretraining_data.py` writes it:
+input_ids int32 [N, L], input_mask int8 [N, L], segment_ids int8 [N, L],
+masked_lm_positions int32 [N, P], masked_lm_ids int32 [N, P] (right-padded with 0),
+next_sentence_labels int8 [N] (1 = B is a random sentence).
+"""
+import logging
+import multiprocessing
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from bert_dataset_provider import BertDatasetProviderInterface
+from turing.batch import Batch, BatchType
+from utils import get_rank_and_world
+
+logger = logging.getLogger(__name__)
+
+HDF5_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+             "next_sentence_labels")
+
+
+def read_hdf5_shard(path):
+    """Read and check one shard; returns a dict of numpy arrays keyed by HDF5_KEYS.
+
+    Module-level so the background process pool can run it.
+    """
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in HDF5_KEYS if k not in f]
+            if missing:
+                raise ValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
+                                 f"expected {', '.join(HDF5_KEYS)} (NVIDIA create_pretraining_data.py layout)")
+            arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
+    n, length = arrays["input_ids"].shape if arrays["input_ids"].ndim == 2 else (None, None)
+    if n is None:
+        raise ValueError(f"{path}: input_ids has shape {arrays['input_ids'].shape}; expected [N, seq_len]")
+    for key in ("input_mask", "segment_ids"):
+        if arrays[key].shape != (n, length):
+            raise ValueError(f"{path}: {key} has shape {arrays[key].shape}; expected {(n, length)} like input_ids")
+    preds = arrays["masked_lm_positions"].shape
+    if len(preds) != 2 or preds[0] != n or arrays["masked_lm_ids"].shape != preds:
+        raise ValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids "
+                         f"{arrays['masked_lm_ids'].shape} must both be [N={n}, max_predictions]")
+    if arrays["next_sentence_labels"].shape != (n,):
+        raise ValueError(f"{path}: next_sentence_labels has shape {arrays['next_sentence_labels'].shape}; "
+                         f"expected ({n},)")
+    for key, arr in arrays.items():
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{path}: {key} has dtype {arr.dtype}; expected an integer dtype")
+    positions = arrays["masked_lm_positions"]
+    if positions.size and (positions.min() < 0 or positions.max() >= length):
+        raise ValueError(f"{path}: masked_lm_positions outside [0, {length})")
+    return arrays
+
+
+def labels_from_positions(positions, ids):
+    """Per-token MLM labels for a batch: -1 everywhere, ids at the listed positions.
+
+    positions/ids: (B, P); the listing of a row ends at its first 0 position (P if none),
+    as position 0 always holds [CLS] and is never masked. Returns (B, L) filled later by caller.
+    """
+    valid = np.cumprod(positions != 0, axis=1).astype(bool)  # (B, P): True up to the first 0
+    rows = np.nonzero(valid)[0]
+    return rows, positions[valid], ids[valid]
+
+
+class PretrainingHdf5Dataset(Dataset):
+    """One shard in memory; `__getitems__` builds a whole Batch with numpy fancy indexing."""
+
+    def __init__(self, arrays, path="<memory>", vocab_size=None):
+        self.path = path
+        self.arrays = arrays
+        if vocab_size is not None:
+            ids = arrays["input_ids"]
+            top = max(int(ids.max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
+            if top >= vocab_size or int(ids.min(initial=0)) < 0:
+                raise ValueError(f"{path}: token id {top} outside the vocab of {vocab_size} entries; "
+                                 f"was the shard made with another vocab.txt?")
+
+    def __len__(self):
+        return len(self.arrays["input_ids"])
+
+    def __getitem__(self, index):
+        return Batch(*(t[0] for t in self.__getitems__([index])))  # one sample, no batch dim
+
+    def __getitems__(self, indices):
+        idx = np.asarray(indices, dtype=np.int64)
+        a = self.arrays
+        input_ids = a["input_ids"][idx].astype(np.int64)
+        labels = np.full_like(input_ids, -1)
+        rows, cols, ids = labels_from_positions(a["masked_lm_positions"][idx], a["masked_lm_ids"][idx])
+        labels[rows, cols] = ids
+        return Batch(
+            batch_type=torch.full((len(idx),), int(BatchType.PRETRAIN_BATCH), dtype=torch.long),
+            input_ids=torch.from_numpy(input_ids),
+            input_mask=torch.from_numpy(a["input_mask"][idx].astype(np.int64)),
+            segment_ids=torch.from_numpy(a["segment_ids"][idx].astype(np.int64)),
+            next_sentence_labels=torch.from_numpy(a["next_sentence_labels"][idx].astype(np.int64)),
+            masked_lm_labels=torch.from_numpy(labels),
+        )
+
+
+def _identity(batch):
+    return batch
+
+
+class _WorkerInit:
+    """Seeds numpy/random/torch of each DataLoader worker with seed + local_rank + worker_id."""
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def __call__(self, worker_id):
+        seed = self.seed + worker_id
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+
+def list_training_files(folder):
+    """Shard files of a folder: names containing 'training', sorted."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{folder}: pretraining data folder not found "
+                                f"(config data.mixed_seq_datasets.<seq>.pretrain_dataset under --data_path_prefix)")
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                   if "training" in f and os.path.isfile(os.path.join(folder, f)))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no shard files with 'training' in the name "
+                                f"(expected NVIDIA hdf5 shards such as x_training_shard0.hdf5)")
+    return files
+
+
+def shard_file_index(epoch, rank, world, num_files):
+    """Index of the file a rank reads in an epoch (SPEC 6a)."""
+    index = epoch * world + rank
+    if world > num_files:
+        index += (world % num_files) * epoch
+    return index % num_files
+
+
+class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
+    def __init__(self, args):
+        self.rank, self.world = get_rank_and_world()
+        self.local_rank = max(args.local_rank, 0)
+        self.seed = args.seed
+        self.micro_batch = args.train_micro_batch_size_per_gpu
+        self.num_workers = int(args.config["training"].get("num_workers", 0))
+        self.vocab_size = getattr(args, "vocab_size", None)
+        folder = os.path.join(args.data_path_prefix, args.config["data"]["datasets"]["pretrain_dataset"])
+        self.files = list_training_files(folder)
+        # Same shuffle on every rank: the per-rank formula below relies on a shared order.
+        random.Random(args.seed).shuffle(self.files)
+        self._pool = None
+        self._future = None          # (epoch, Future) of the shard being read in the background
+        self._loader = None
+        logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
+                    self.rank, self.world)
+
+    def shard_path(self, index):
+        return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]
+
+    def _dataset(self, index):
+        path = self.shard_path(index)
+        if self._future is not None and self._future[0] == index:
+            arrays = self._future[1].result()
+        else:
+            arrays = read_hdf5_shard(path)
+        self._future = None
+        return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
+
+    def get_shard(self, index):
+        dataset = self._dataset(index)
+        # The order of an epoch depends on (seed, epoch, rank) only.
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index * 1009 + self.rank)
+        self._loader = DataLoader(
+            dataset,
+            sampler=RandomSampler(dataset, generator=generator),
+            batch_size=self.micro_batch,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            worker_init_fn=_WorkerInit(self.seed + self.local_rank),
+            pin_memory=torch.cuda.is_available(),
+            drop_last=True,
+        )
+        logger.info("Epoch %d: shard %s, %d samples, %d micro-batches", index, dataset.path,
+                    len(dataset), len(self._loader))
+        return iter(self._loader), len(self._loader)
+
+    def release_shard(self, index):
+        self._loader = None
+
+    def prefetch_shard(self, index):
+        if self._pool is None:
+            # spawn, not fork: the trainer holds threads (gloo, DataLoader) that fork would copy mid-state.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index)))
+
+    def get_batch(self, batch_iter):
+        return batch_iter
+
+    def prefetch_batch(self):
+        pass
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+if __name__ == "__main__":
+    import sys
+
+    logging.basicConfig(level=logging.INFO)
+    shard = PretrainingHdf5Dataset(read_hdf5_shard(sys.argv[1]), sys.argv[1])
+    batch = shard.__getitems__(range(min(3, len(shard))))
+    for i in range(len(batch.input_ids)):
+        n = int(batch.input_mask[i].sum())
+        logger.info("sample %d: ids %s\n  segments %s\n  labels %s\n  nsp %d", i,
+                    batch.input_ids[i, :n].tolist(), batch.segment_ids[i, :n].tolist(),
+                    batch.masked_lm_labels[i, :n].tolist(), int(batch.next_sentence_labels[i]))

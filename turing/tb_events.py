@@ -1,0 +1,41 @@
+"""Read TensorBoard event files written by tensorboardX back into Python (no TensorFlow needed).
+
+Used by tests and by tools that plot runs. An event file is a sequence of TFRecords:
+[length u64][masked crc32c of length u32][Event protobuf][masked crc32c of data u32].
+"""
+import glob
+import os
+import struct
+from collections import defaultdict
+
+from tensorboardX.proto.event_pb2 import Event
+
+
+def iter_events(path):
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if len(header) < 12:
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            data = f.read(length)
+            f.read(4)
+            if len(data) < length:
+                return  # a file still being written ends mid-record
+            event = Event()
+            event.ParseFromString(data)
+            yield event
+
+
+def read_run(run_dir):
+    """{tag: [(step, value)]} for scalars, and {tag: [step]} for histograms and texts, of every
+    event file in run_dir (sorted by file name, so a resumed run's later files come after)."""
+    scalars, others = defaultdict(list), defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        for event in iter_events(path):
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    scalars[value.tag].append((event.step, value.simple_value))
+                else:
+                    others[value.tag].append(event.step)
+    return dict(scalars), dict(others)
