@@ -1,0 +1,47 @@
+"""Run deepspeed_train.py through the real `deepspeed` launcher from tests."""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CFG = os.path.join(REPO, "configs", "tiny", "bert_config.json")
+TINY_DS = os.path.join(REPO, "configs", "tiny", "ds_config.json")
+PROGRESS = re.compile(r"bing_bert_progress: step=(\d+), loss=([0-9.eE+-]+|nan|inf), lr=([0-9.eE+-]+), "
+                      r"sample_count=(\d+)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_cmd(num_ranks=1):
+    exe = shutil.which("deepspeed")
+    base = [exe] if exe else [sys.executable, "-m", "deepspeed.launcher.runner"]
+    return base + ["--num_gpus", str(num_ranks), "--master_port", str(free_port())]
+
+
+def launch(train_args, num_ranks=1, timeout=600):
+    """Run the training script under the launcher; returns the CompletedProcess (text output)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                             "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = launcher_cmd(num_ranks) + [os.path.join(REPO, "deepspeed_train.py")] + list(train_args)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_args(data_root, out, seq=128, *extra, nvidia=True):
+    args = ["--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", str(out),
+            "--data_path_prefix", str(data_root), "--max_seq_length", str(seq), "--max_predictions_per_seq", "20"]
+    if nvidia:
+        args.append("--use_nvidia_dataset")
+    return args + [str(x) for x in extra]
+
+
+def progress(output):
+    """[(step, loss, lr, samples)] of the progress lines in a run's output."""
+    return [(int(s), float(l), float(r), int(c)) for s, l, r, c in PROGRESS.findall(output)]
