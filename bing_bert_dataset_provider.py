@@ -1,0 +1,254 @@
+"""The default pretraining data provider (SPEC 6b): Bing numpy shards of Wikipedia and BookCorpus.
+
+Owns: which shard folder of each dataset an epoch reads, this rank's share of its samples,
+the epoch's dataset picker (the shuffled interleaving of the two datasets), the DataLoaders
+that build masked micro batches (turing.dataset), and the AsyncWorker switch.
+
+For epoch `index`, each dataset d (a folder of shard folders) reads
+`sorted(shard folders)[index % count]`; it contributes
+`batches_d = len // world // micro // grad_accum // refresh_bucket_size` picker entries, each
+expanded to grad_accum x refresh_bucket_size consecutive micro batches. Everything random is
+seeded from (seed, epoch[, rank, dataset]), so an epoch can start at any micro batch
+(`get_shard(index, start_batch=k)`) and yield exactly what an uninterrupted run would.
+"""
+import logging
+import numbers
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from enum import IntEnum
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+from bert_dataset_provider import BertDatasetProviderInterface
+from data_worker import AsyncWorker, DataExhaustedError
+from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex, epoch_sample_order,
+                            tokenize_shard)
+from turing.dataset import main as dataset_main
+from turing.tokenization import load_vocab
+from utils import get_rank_and_world
+
+logger = logging.getLogger(__name__)
+
+# Salt of the picker's random stream, so it never equals a dataset's sample order.
+_PICKER_SALT = 0x7069636B
+
+
+class PretrainDataType(IntEnum):
+    WIKIPEDIA = 0
+    BOOK_CORPUS = 1
+
+
+DATASET_CONFIG_KEYS = {
+    PretrainDataType.WIKIPEDIA: "wiki_pretrain_dataset",
+    PretrainDataType.BOOK_CORPUS: "bc_pretrain_dataset",
+}
+
+
+def build_dataset_picker(batches_per_dataset, repeat, seed, epoch):
+    """The epoch's micro-batch order of dataset ids.
+
+    Each dataset id appears batches_per_dataset[id] times, shuffled by (seed, epoch), and each
+    entry is expanded to `repeat` (= grad_accum x refresh_bucket_size) consecutive micro batches.
+    """
+    entries = np.concatenate([np.full(n, int(d), dtype=np.int64) for d, n in sorted(batches_per_dataset.items())]
+                             + [np.zeros(0, dtype=np.int64)])
+    rng = np.random.default_rng([seed & ((1 << 64) - 1), epoch, _PICKER_SALT])
+    return np.repeat(rng.permutation(entries), repeat).tolist()
+
+
+class _MicroBatches(Dataset):
+    """Item k = the k-th micro batch of the epoch, built in one call (samples fixed by `rows`)."""
+
+    def __init__(self, dataset, rows):
+        self.dataset = dataset
+        self.rows = rows  # (num_micro_batches, micro) sample indices
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, k):
+        return self.dataset.build_batch(self.rows[k])
+
+
+class _BatchIterator:
+    """next() over a DataLoader, with running out of batches as a named error."""
+
+    def __init__(self, loader, name):
+        self._it = iter(loader)
+        self.name = name
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise DataExhaustedError(f"{self.name}: no micro batches left in this epoch") from None
+
+
+class BingBertDatasetProvider(BertDatasetProviderInterface):
+    """Provider for `deepspeed_train.py` without --use_nvidia_dataset; built as `Provider(args)`."""
+
+    def __init__(self, args):
+        self.micro = _positive(args, "train_micro_batch_size_per_gpu")
+        self.grad_accum = _positive(args, "gradient_accumulation_steps")
+        self.refresh_bucket_size = _positive(args, "refresh_bucket_size")
+        self.seed = args.seed
+        self.max_seq_length = args.max_seq_length
+        self.max_predictions_per_seq = args.max_predictions_per_seq
+        training = args.config["training"]
+        self.num_workers = int(training.get("num_workers", 0))
+        self.use_async_worker = "async_worker" in training
+        self.rank, self.world = get_rank_and_world()
+
+        datasets = args.config["data"]["datasets"]
+        prefix = args.data_path_prefix or ""
+        self.dataset_folders = {}
+        for dataset_type, key in DATASET_CONFIG_KEYS.items():
+            if key in datasets:
+                self.dataset_folders[dataset_type] = self._shard_folders(os.path.join(prefix, datasets[key]), key)
+        if not self.dataset_folders:
+            raise ValueError(f"job config data.mixed_seq_datasets[\"{self.max_seq_length}\"] names no Bing dataset; "
+                             f"expected {' and/or '.join(DATASET_CONFIG_KEYS.values())}")
+
+        self.vocab = load_vocab(args.vocab_file)
+        self.vocab_index = VocabIndex(self.vocab)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self._prefetched = {}  # shard folder -> Future of its TokenizedShard
+        self._current = {}     # shard folder -> TokenizedShard of the open epoch
+        self._iterators = {}
+        self.worker = None
+        self.epoch = None
+
+    @staticmethod
+    def _shard_folders(folder, key):
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"dataset folder {folder} (job config {key} under --data_path_prefix) "
+                                    f"does not exist")
+        # Every sub-folder is a shard: a broken one fails with a message when its epoch opens it.
+        shards = [os.path.join(folder, d) for d in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, d))]
+        if not shards:
+            raise ValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
+                             f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
+        return shards
+
+    def shard_folder(self, dataset_type, index):
+        folders = self.dataset_folders[dataset_type]
+        return folders[index % len(folders)]
+
+    def _tokenized(self, folder):
+        future = self._prefetched.pop(folder, None)
+        if future is not None:
+            return future.result()  # re-raises a bad-shard error met in the background
+        return tokenize_shard(BingShard(folder), self.vocab_index)
+
+    def get_shard(self, index, start_batch=0):
+        """Start epoch `index` at micro batch `start_batch`: returns (picker entries, their count).
+
+        The picker lists the dataset id of every remaining micro batch; pass each entry to
+        get_batch(). start_batch > 0 skips the first micro batches without reading them.
+        """
+        if self.worker is not None or self._iterators:
+            self.release_shard(self.epoch)
+        self.epoch = index
+        repeat = self.grad_accum * self.refresh_bucket_size
+        per_step = self.world * self.micro * repeat
+        shards, batches = {}, {}
+        for dataset_type in self.dataset_folders:
+            folder = self.shard_folder(dataset_type, index)
+            shards[dataset_type] = self._tokenized(folder)
+            self._current[folder] = shards[dataset_type]
+            batches[dataset_type] = len(shards[dataset_type]) // self.world // self.micro // repeat
+            if batches[dataset_type] == 0:
+                logger.warning("epoch %d: shard %s has %d samples, fewer than world x micro x grad_accum x "
+                               "refresh_bucket_size = %d; it gives no batches", index, folder,
+                               len(shards[dataset_type]), per_step)
+        # Prefetched shards of another epoch are no longer wanted.
+        self._prefetched.clear()
+        picker = build_dataset_picker(batches, repeat, self.seed, index)
+        if not picker:
+            raise ValueError(f"epoch {index}: no dataset shard holds world x micro x grad_accum x "
+                             f"refresh_bucket_size = {per_step} samples; use bigger shards or fewer ranks")
+        if not 0 <= start_batch <= len(picker):
+            raise ValueError(f"epoch {index}: start_batch {start_batch} is outside the epoch's "
+                             f"{len(picker)} micro batches")
+
+        skipped = picker[:start_batch]
+        for dataset_type, shard in shards.items():
+            if batches[dataset_type] == 0:
+                continue
+            num_micro = batches[dataset_type] * repeat
+            order = epoch_sample_order(len(shard), self.seed, index, self.rank, self.world, salt=int(dataset_type))
+            rows = order[:num_micro * self.micro].reshape(num_micro, self.micro)
+            dataset = BingPretrainDataset(shard, self.vocab, self.max_seq_length, self.max_predictions_per_seq,
+                                          self.seed, salt=int(dataset_type), epoch=index)
+            loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
+                                sampler=range(skipped.count(int(dataset_type)), num_micro),
+                                num_workers=self.num_workers)
+            self._iterators[int(dataset_type)] = _BatchIterator(
+                loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
+        remaining = picker[start_batch:]
+        logger.info("epoch %d: %s; %d micro batches%s", index,
+                    ", ".join(f"{t.name} {os.path.basename(shards[t].name)} ({len(shards[t])} samples, "
+                              f"{batches[t] * repeat} micro batches)" for t in shards),
+                    len(picker), f", starting at {start_batch}" if start_batch else "")
+        if self.use_async_worker and remaining:
+            self.worker = AsyncWorker(self._iterators, remaining)
+            self.worker.start()
+        return remaining, len(remaining)
+
+    def get_batch(self, batch_iter):
+        """The next micro batch (turing.batch.Batch) of dataset id `batch_iter` (a picker entry)."""
+        if self.worker is not None:
+            return self.worker.get()
+        if batch_iter not in self._iterators:
+            raise DataExhaustedError(f"get_batch({batch_iter}): no open loader for that dataset id "
+                                     f"(call get_shard first; open: {sorted(self._iterators)})")
+        return next(self._iterators[batch_iter])
+
+    def prefetch_batch(self):
+        if self.worker is not None:
+            self.worker.prefetch()
+
+    def prefetch_shard(self, index):
+        """Tokenize the shards of epoch `index` in a background thread while this epoch trains."""
+        for dataset_type in self.dataset_folders:
+            folder = self.shard_folder(dataset_type, index)
+            if folder in self._prefetched:
+                continue
+            if folder in self._current:  # a dataset with one shard folder reads it again
+                self._prefetched[folder] = Future()
+                self._prefetched[folder].set_result(self._current[folder])
+            else:
+                self._prefetched[folder] = self._pool.submit(tokenize_shard, BingShard(folder), self.vocab_index)
+
+    def release_shard(self, index):
+        """Stop the worker and drop this epoch's loaders and shard arrays."""
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker.join(timeout=10)
+            if self.worker.is_alive():
+                logger.warning("AsyncWorker did not stop within 10 s (a loader is blocked); leaving it behind")
+            self.worker = None
+        self._iterators = {}
+        self._current = {}
+
+    def close(self):
+        """Stop the worker and the shard-prefetch thread (end of training)."""
+        self.release_shard(self.epoch)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._prefetched.clear()
+
+
+def _positive(args, name):
+    value = getattr(args, name, None)
+    if not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"args.{name} must be a positive int; got {value!r}")
+    return value
+
+
+if __name__ == "__main__":
+    # Prints a few decoded (and, given --vocab, masked) instances of a Bing shard folder.
+    raise SystemExit(dataset_main())
