@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface
@@ -186,7 +187,10 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                                           self.seed, salt=int(dataset_type), epoch=index)
             loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
                                 sampler=range(skipped.count(int(dataset_type)), num_micro),
-                                num_workers=self.num_workers)
+                                num_workers=self.num_workers,
+                                # its own generator: creating the iterator must not draw from the
+                                # global torch RNG (dropout), or a resumed run would diverge
+                                generator=torch.Generator().manual_seed(self.seed + index))
             self._iterators[int(dataset_type)] = _BatchIterator(
                 loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
         remaining = picker[start_batch:]

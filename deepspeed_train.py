@@ -15,6 +15,9 @@ import logging
 import math
 import os
 import random
+import re
+import shutil
+import signal
 import socket
 import sys
 import time
@@ -42,16 +45,29 @@ class InputError(Exception):
 @dataclasses.dataclass
 class RunState:
     """Everything that counts progress; saved whole in every checkpoint's client state."""
-    epoch: int = 0                  # epochs finished
+    epoch: int = 0                  # epochs finished (= index of the epoch in progress)
+    epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
     global_step: int = 0            # optimizer steps taken
     global_data_samples: int = 0    # samples seen (all ranks)
     rewarmup_offset: int = 0        # global step at which the LR warmup (re)started
+    train_seconds: float = 0.0      # training wall time of earlier sessions (--max_train_hours)
     restore_step: int = 0           # global step at the restore; --max_steps counts from here
+    nonfinite_in_a_row: int = 0
+    nonfinite_total: int = 0
 
     def client_state(self):
         return {"epoch": self.epoch, "last_global_step": self.global_step,
                 "last_global_data_samples": self.global_data_samples,
-                "rewarmup_offset": self.rewarmup_offset}
+                "epoch_micro_step": self.epoch_micro_step, "rewarmup_offset": self.rewarmup_offset,
+                "train_seconds": self.train_seconds, "nonfinite_total": self.nonfinite_total}
+
+
+class StopTraining(Exception):
+    """Raised out of the step loop after a checkpoint was written; carries the exit code."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,18 +151,36 @@ def construct_arguments(argv=None):
     return args
 
 
-def check_batch_sizes(ds_config, world, path):
-    """DeepSpeed's batch arithmetic, checked up front with a message that names the fix."""
+def resolve_batch_sizes(ds_config, world, path):
+    """(micro batch per rank, gradient accumulation steps) as DeepSpeed will derive them from
+    its config, checked up front with a message that names the fix."""
     train = ds_config.get("train_batch_size")
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     accum = ds_config.get("gradient_accumulation_steps")
-    if train is not None and micro is not None:
-        if accum is None and train % (micro * world):
-            raise InputError(f"{path}: train_batch_size {train} is not a multiple of "
-                             f"train_micro_batch_size_per_gpu {micro} x world size {world}")
-        if accum is not None and train != micro * accum * world:
+    for key, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise InputError(f"{path}: {key} must be a positive integer, got {value!r}")
+    if train is None and micro is None:
+        raise InputError(f"{path}: give train_batch_size or train_micro_batch_size_per_gpu")
+    if train is not None and micro is not None and accum is not None:
+        if train != micro * accum * world:
             raise InputError(f"{path}: train_batch_size {train} != train_micro_batch_size_per_gpu {micro} "
                              f"x gradient_accumulation_steps {accum} x world size {world}")
+    elif train is not None and micro is not None:
+        if train % (micro * world):
+            raise InputError(f"{path}: train_batch_size {train} is not a multiple of "
+                             f"train_micro_batch_size_per_gpu {micro} x world size {world}")
+        accum = train // (micro * world)
+    elif train is not None:
+        accum = accum or 1
+        if train % (accum * world):
+            raise InputError(f"{path}: train_batch_size {train} is not a multiple of "
+                             f"gradient_accumulation_steps {accum} x world size {world}")
+        micro = train // (accum * world)
+    else:
+        accum = accum or 1
+    return micro, accum
 
 
 def master_process(args=None):
@@ -231,23 +265,60 @@ def prepare_model_optimizer(args):
     groups = prepare_optimizer_parameters(args, model)
     model.network, optimizer, _, _ = deepspeed.initialize(args=args, model=model.network,
                                                           model_parameters=groups)
-    args.train_micro_batch_size_per_gpu = model.network.train_micro_batch_size_per_gpu()
-    args.gradient_accumulation_steps = model.network.gradient_accumulation_steps()
+    engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
+    if engine_sizes != (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps):
+        raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "
+                           f"{(args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps)}")
     model.set_device(model.network.device)
     return model, optimizer
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
+#
+# A checkpoint folder OUT/saved_models/JOB/TAG is complete once COMPLETE_MARKER is in it; only
+# then does `latest` (written by us, atomically) name it. Tags: epoch{E}_step{S} after an
+# epoch, step{S} for interval and stop checkpoints (mid-epoch, with the position inside it).
+
+COMPLETE_MARKER = "checkpoint_complete.json"
 
 
 def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_data_samples, **kwargs):
     """Save through the engine (every rank takes part) with the run state as client state."""
     client_state = {"epoch": epoch, "last_global_step": last_global_step,
                     "last_global_data_samples": last_global_data_samples, **kwargs}
-    logger.info("Saving checkpoint %s/%s", PATH, ckpt_id)
-    if not model.network.save_checkpoint(PATH, ckpt_id, client_state):
+    if not model.network.save_checkpoint(PATH, ckpt_id, client_state, save_latest=False):
         raise RuntimeError(f"checkpoint {PATH}/{ckpt_id} was not written")
+
+
+def rng_states():
+    """This rank's python, numpy and torch generator states."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def set_rng_states(states):
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def _all_ranks(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def save_run_files(args, folder):
@@ -262,37 +333,131 @@ def save_run_files(args, folder):
         json.dump(args.ds_config, f, indent=2)
 
 
+def _write_atomic(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(args, model, state, tag):
+    """A complete checkpoint: engine + client state (with every rank's RNG), run files, the
+    completion marker, then `latest`; older interval checkpoints pruned (--keep_last_checkpoints)."""
+    folder = os.path.join(args.saved_model_path, tag)
+    logger.info("Saving checkpoint %s", folder)
+    checkpoint_model(args.saved_model_path, tag, model, **state.client_state(), rng_states=_all_ranks(rng_states()))
+    _barrier()
+    if master_process(args):
+        save_run_files(args, folder)
+        _write_atomic(os.path.join(folder, COMPLETE_MARKER),
+                      json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
+        _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+        prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
+    _barrier()
+    return folder
+
+
+def _step_of(tag):
+    match = re.fullmatch(r"(?:epoch\d+_)?step(\d+)", tag)
+    return int(match.group(1)) if match else -1
+
+
+def complete_tags(path):
+    """Complete checkpoint tags in a folder, oldest first (by global step)."""
+    if not os.path.isdir(path):
+        return []
+    tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
+    return sorted(tags, key=lambda t: (_step_of(t), t.startswith("epoch")))
+
+
+def prune_interval_checkpoints(path, keep_last, keep):
+    """Remove all but the newest `keep_last` step{S} checkpoints; never `keep` (the latest)."""
+    if keep_last <= 0:
+        return
+    interval = [t for t in complete_tags(path) if t.startswith("step")]
+    for tag in interval[:-keep_last]:
+        if tag != keep:
+            shutil.rmtree(os.path.join(path, tag), ignore_errors=True)
+            logger.info("Removed old interval checkpoint %s", tag)
+
+
+def resolve_checkpoint_tag(path, tag):
+    """The tag to load: `latest` reads the latest file; a tag whose folder is incomplete (killed
+    while writing) falls back to the newest complete one, with a warning."""
+    if not os.path.isdir(path):
+        raise InputError(f"{path}: checkpoint folder not found (--load_training_checkpoint)")
+    if tag in (None, "latest"):
+        latest = os.path.join(path, "latest")
+        if not os.path.isfile(latest):
+            raise InputError(f"{path}: no 'latest' file; give --load_checkpoint_id TAG "
+                             f"(tags there: {', '.join(sorted(os.listdir(path))) or 'none'})")
+        tag = open(latest).read().strip()
+    folder = os.path.join(path, tag)
+    if not os.path.isdir(folder):
+        tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        raise InputError(f"{folder}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
+                         f"tags there: {', '.join(tags) or 'none'}")
+    if not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):
+        complete = [t for t in complete_tags(path) if _step_of(t) <= _step_of(tag) or _step_of(tag) < 0]
+        has_engine_files = any(f.endswith("model_states.pt") for f in os.listdir(folder))
+        if complete:
+            logger.warning("Checkpoint %s is incomplete (no %s; killed while writing?): using %s instead",
+                           folder, COMPLETE_MARKER, complete[-1])
+            return complete[-1]
+        if not has_engine_files:
+            raise InputError(f"{folder}: incomplete checkpoint (no model states) and no complete one beside it")
+        logger.warning("Checkpoint %s has no %s (written by another tool?); loading it as it is",
+                       folder, COMPLETE_MARKER)
+    return tag
+
+
 def load_training_checkpoint(args, model, PATH, ckpt_id):
     """Restore engine, optimizer and client state; returns (epoch, last_global_step,
     last_global_data_samples) and the whole client state dict as a fourth value."""
-    folder = os.path.join(PATH, str(ckpt_id))
-    if not os.path.isdir(PATH):
-        raise InputError(f"{PATH}: checkpoint folder not found (--load_training_checkpoint)")
-    if not os.path.isdir(folder):
-        tags = sorted(d for d in os.listdir(PATH) if os.path.isdir(os.path.join(PATH, d)))
-        raise InputError(f"{folder}: checkpoint tag '{ckpt_id}' not found (--load_checkpoint_id); "
-                         f"tags there: {', '.join(tags) or 'none'}")
-    logger.info("Restoring checkpoint %s", folder)
+    ckpt_id = resolve_checkpoint_tag(PATH, ckpt_id)
+    logger.info("Restoring checkpoint %s", os.path.join(PATH, ckpt_id))
     _, client_state = model.network.load_checkpoint(PATH, ckpt_id)
     if client_state is None:
-        raise InputError(f"{folder}: DeepSpeed could not load this checkpoint (incomplete or not a checkpoint)")
+        raise InputError(f"{os.path.join(PATH, ckpt_id)}: DeepSpeed could not load this checkpoint")
     return (client_state["epoch"], client_state["last_global_step"],
             client_state["last_global_data_samples"], client_state)
 
 
 def load_checkpoint(args, model, state):
-    """Apply --load_training_checkpoint/--load_checkpoint_id to the run state."""
-    if args.load_training_checkpoint is None:
+    """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
+    --load_training_checkpoint/--load_checkpoint_id; fills the run state."""
+    path, tag = args.load_training_checkpoint, args.load_checkpoint_id
+    if args.auto_resume and complete_tags(args.saved_model_path):
+        path, tag = args.saved_model_path, "latest"
+        logger.info("--auto_resume: resuming from %s", path)
+    elif args.auto_resume:
+        logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
+                    "starting from --load_training_checkpoint" if path else "starting fresh")
+    if path is None:
         return
-    epoch, step, samples, client_state = load_training_checkpoint(
-        args, model, args.load_training_checkpoint, args.load_checkpoint_id)
+    own = os.path.abspath(path) == os.path.abspath(args.saved_model_path)
+    epoch, step, samples, client = load_training_checkpoint(args, model, path, tag)
     state.epoch, state.global_step, state.global_data_samples = epoch, step, samples
-    state.rewarmup_offset = client_state.get("rewarmup_offset", 0)
+    state.epoch_micro_step = client.get("epoch_micro_step", 0)
+    state.rewarmup_offset = client.get("rewarmup_offset", 0)
+    state.train_seconds = client.get("train_seconds", 0.0)
+    state.nonfinite_total = client.get("nonfinite_total", 0)
     state.restore_step = step
-    if args.rewarmup:
+    rank, world = get_rank_and_world()
+    saved_rng = client.get("rng_states")
+    if saved_rng is not None and len(saved_rng) == world:
+        set_rng_states(saved_rng[rank])
+    elif saved_rng is not None:
+        logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
+    if args.rewarmup and not own:
+        # A new phase from another run's checkpoint: fresh warmup, epoch position from that run.
         state.rewarmup_offset = step
+        state.epoch_micro_step = 0
         logger.info("Re-warming the learning rate from global step %d", step)
-    logger.info("Resumed at epoch %d, global step %d, %d samples", epoch, step, samples)
+    logger.info("Resumed at epoch %d (micro-batch %d), global step %d, %d samples", epoch + 1,
+                state.epoch_micro_step, step, samples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,15 +506,27 @@ class Reporter:
         if is_master:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(args.tensorboard_path)
+            # a unique suffix: a resumed session in the same second must not overwrite the file
+            self.writer = SummaryWriter(args.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
-        self.window_start = time.time()
-        self.window_samples = 0
+        self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
 
-    def step(self, state, lr, loss):
+    def step(self, state, lr, loss, data_wait, engine):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
+        if self.writer is not None:
+            coeffs = _lamb_coeffs(engine.optimizer)
+            if coeffs:
+                self.writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), state.global_step)
+            if self.args.progressive_layer_drop:
+                self.writer.add_scalar("Train/pld_theta", engine.get_pld_theta(), state.global_step)
+        start, samples, waited = self.window
+        samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * \
+            get_rank_and_world()[1]
+        self.window = (start, samples, waited + data_wait)
         if state.global_step % self.args.print_steps == 0:
             self.flush()
+        if state.global_step % 20 == 0:
+            self.throughput(state.global_step)
 
     def flush(self):
         if not self.pending:
@@ -363,16 +540,18 @@ class Reporter:
                         step, losses[-1], lr, samples)
         self.pending = []
 
-    def throughput(self, step, samples_this_step):
-        self.window_samples += samples_this_step
-        if step % 20 == 0:
-            now = time.time()
-            rate = self.window_samples / max(now - self.window_start, 1e-9)
-            if self.is_master:
-                logger.info("step %d: %.1f samples/s", step, rate)
-                if self.writer is not None:
-                    self.writer.add_scalar("Train/samples_per_sec", rate, step)
-            self.window_start, self.window_samples = now, 0
+    def throughput(self, step):
+        start, samples, waited = self.window
+        now = time.time()
+        elapsed = max(now - start, 1e-9)
+        rate = samples / elapsed
+        if self.is_master:
+            logger.info("step %d: %.1f samples/s, %.1f%% of the time waiting for data", step, rate,
+                        100 * waited / elapsed)
+            self.scalar("Train/samples_per_sec", rate, step)
+            self.scalar("Train/tokens_per_sec", rate * self.args.max_seq_length, step)
+            self.scalar("Train/data_wait_fraction", waited / elapsed, step)
+        self.window = (now, 0, 0.0)
 
     def scalar(self, tag, value, step):
         if self.writer is not None:
@@ -382,6 +561,15 @@ class Reporter:
         self.flush()
         if self.writer is not None:
             self.writer.close()
+
+
+def _lamb_coeffs(optimizer):
+    """Trust ratios of the last LAMB step (DeepSpeed's FusedLamb or ours), through wrappers."""
+    for _ in range(3):
+        if hasattr(optimizer, "get_lamb_coeffs"):
+            return optimizer.get_lamb_coeffs()
+        optimizer = getattr(optimizer, "optimizer", None)
+    return None
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
@@ -409,7 +597,9 @@ def get_dataloader(args, dataset, eval_set=False):
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
     else:
         sampler = SequentialSampler(dataset)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=_as_batch)
+    # its own generator: building the iterator must not draw from the global torch RNG
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=_as_batch,
+                      generator=torch.Generator().manual_seed(args.seed))
 
 
 def _as_batch(items):
@@ -461,27 +651,32 @@ def pretrain_validation(args, index, model, reporter=None, state=None):
     loader = get_dataloader(args, dataset, eval_set=True)
     model.eval()
     device = model.network.device
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, batches, correct, masked
+    # loss sum, batches, MLM correct, masked tokens, NSP correct, sequences
+    totals = torch.zeros(6, dtype=torch.float64, device=device)
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
             loss = model.network(batch)
-            scores, _ = model.network(batch._replace(masked_lm_labels=None))
+            scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
             labels = batch.masked_lm_labels
             masked = labels != -1
             correct = (scores.argmax(-1) == labels) & masked
+            nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),
-                                   correct.sum().double(), masked.sum().double()])
+                                   correct.sum().double(), masked.sum().double(),
+                                   nsp_correct.sum().double(),
+                                   torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
-    loss = (totals[0] / totals[1].clamp(min=1)).item()
-    accuracy = (totals[2] / totals[3].clamp(min=1)).item()
-    logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f", index + 1, loss, accuracy)
+    loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
+    logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%.4f", index + 1, loss,
+                mlm_acc, nsp_acc)
     if reporter is not None:
         reporter.scalar("Validation/Loss", loss, index + 1)
-        reporter.scalar("Validation/MLM_accuracy", accuracy, index + 1)
-    return loss, accuracy
+        reporter.scalar("Validation/MLM_accuracy", mlm_acc, index + 1)
+        reporter.scalar("Validation/NSP_accuracy", nsp_acc, index + 1)
+    return loss, mlm_acc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,74 +692,191 @@ def agreed_step_count(local_count, device):
     return int(t.item())
 
 
-def train(args, index, model, optimizer, pretrain_dataset_provider, state, reporter, finetune=False):
-    """One epoch of the step loop. Returns True when --max_steps was reached."""
+class StopSignals:
+    """SIGTERM/SIGINT: the first asks for a checkpoint at the end of the current optimizer
+    step; a second one exits at once."""
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def install(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            os._exit(128 + signum)
+        self.received = signum
+        logger.warning("Received %s: stopping after this optimizer step with a checkpoint "
+                       "(send it again to exit at once)", signal.Signals(signum).name)
+
+
+def step_checks(args, state, loss, signals, session_start, engine):
+    """Once per optimizer step: is the loss finite, was a stop signal received, is the time
+    budget spent. Ranks agree (one small all-reduce) so they stop or skip at the same step."""
+    over_time = (args.max_train_hours is not None and
+                 state.train_seconds + time.time() - session_start >= args.max_train_hours * 3600)
+    flags = torch.stack([(~torch.isfinite(loss)).float(), torch.tensor(float(signals.received or 0)).to(loss.device),
+                         torch.tensor(float(over_time)).to(loss.device)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    nonfinite, signum, over_time = flags.tolist()
+    if engine.fp16_enabled():
+        nonfinite = 0.0  # DeepSpeed's loss scaler skips overflowing fp16 steps itself
+    return bool(nonfinite), int(signum), bool(over_time)
+
+
+def skip_step(engine, optimizer):
+    """Drop this step's gradients (zeroed in place: the engine's clipping expects them) and
+    step with LR 0: no parameter moves, and the engine's step counters stay in line with the
+    micro-batches. The optimizer's moments decay by one step of zero gradient."""
+    for p in engine.module.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+    clear_hp_grads = getattr(optimizer, "clear_hp_grads", None)  # DeepSpeed's bf16 optimizer
+    if clear_hp_grads is not None:
+        clear_hp_grads()
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    engine.step()
+
+
+def train(args, index, model, optimizer, pretrain_dataset_provider, state, reporter, ctx, finetune=False):
+    """One epoch of the step loop (from state.epoch_micro_step on). Returns the stop reason:
+    None (epoch done), "max_steps" or "time"; raises StopTraining after a signal or too many
+    non-finite losses, once the checkpoint is written."""
     engine = model.network
-    refs, local_total = pretrain_dataset_provider.get_shard(index)
+    start = state.epoch_micro_step
+    refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start)
     pretrain_dataset_provider.prefetch_shard(index + 1)
     total = agreed_step_count(local_total, engine.device)
     if total < local_total:
-        logger.warning("Epoch %d: this rank has %d micro-batches, runs %d like the shortest rank",
-                       index + 1, local_total, total)
+        logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
+                       "(%d samples unused)", index + 1, local_total, total,
+                       (local_total - total) * args.train_micro_batch_size_per_gpu)
     _, world = get_rank_and_world()
     samples_per_micro = args.train_micro_batch_size_per_gpu * world
     accum = args.gradient_accumulation_steps
-    epoch_steps = 0
-    step_loss = None
+    epoch_steps, step_loss, data_wait, stop = 0, None, 0.0, None
     model.train()
-    bar = tqdm(total=total, desc=f"epoch {index + 1}", disable=not reporter.is_master, smoothing=0.1,
+    bar = tqdm(total=start + total, initial=start, desc=f"epoch {index + 1}", disable=not reporter.is_master,
                mininterval=2.0, file=sys.stderr)
-    for micro_step, ref in enumerate(refs):
-        if micro_step >= total:
-            break
-        batch = model.move_batch(pretrain_dataset_provider.get_batch(ref), non_blocking=True)
-        loss = engine(batch)
-        detached = loss.detach()
-        step_loss = detached if step_loss is None else step_loss + detached
+    ref_iter = iter(refs)
+    for _ in range(total):
+        waited = time.time()
+        batch = model.move_batch(pretrain_dataset_provider.get_batch(next(ref_iter)), non_blocking=True)
+        data_wait += time.time() - waited
+        loss = engine(batch, **ctx.pld_kwargs())
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         state.global_data_samples += samples_per_micro
+        state.epoch_micro_step += 1
         pretrain_dataset_provider.prefetch_batch()
         engine.backward(loss)
         bar.update(1)
-        if engine.is_gradient_accumulation_boundary():
+        if not engine.is_gradient_accumulation_boundary():
+            engine.step()
+            continue
+        step_loss = step_loss / accum
+        nonfinite, signum, over_time = step_checks(args, state, step_loss, ctx.signals, ctx.session_start, engine)
+        if nonfinite:
+            handle_nonfinite(args, model, optimizer, state, reporter, ctx)
+        else:
+            state.nonfinite_in_a_row = 0
             lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset)
             engine.step()
             state.global_step += 1
             epoch_steps += 1
-            reporter.step(state, lr, step_loss / accum)
-            reporter.throughput(state.global_step, samples_per_micro * accum)
-            step_loss = None
-            if is_time_to_exit(args, epoch_steps, state.global_step - state.restore_step):
-                break
-        else:
-            engine.step()
+            reporter.step(state, lr, step_loss, data_wait, engine)
+        step_loss, data_wait = None, 0.0
+        if signum:
+            bar.close()
+            stop_with_checkpoint(args, model, state, reporter, ctx,
+                                 f"stopped by {signal.Signals(signum).name}", 128 + signum)
+        if over_time:
+            stop = "time"
+        elif state.global_step - state.restore_step >= args.max_steps:
+            stop = "max_steps"
+        if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
+                and not nonfinite and stop is None and state.epoch_micro_step < start + total:
+            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+        if stop or epoch_steps >= args.max_steps_per_epoch:
+            break
     bar.close()
     reporter.flush()
     pretrain_dataset_provider.release_shard(index)
-    return state.global_step - state.restore_step >= args.max_steps
+    if stop is None or state.epoch_micro_step >= start + total:
+        state.epoch, state.epoch_micro_step = index + 1, 0
+    return stop
 
 
-def run(args, model, optimizer, start_epoch, state, provider, reporter):
-    """The epoch loop: train, validate, checkpoint."""
+def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
+    """Skip the step; after --max_nonfinite_steps in a row, checkpoint and stop."""
+    skip_step(model.network, optimizer)
+    state.nonfinite_in_a_row += 1
+    state.nonfinite_total += 1
+    logger.warning("Non-finite loss at global step %d: step skipped (%d in a row, %d in all)",
+                   state.global_step + 1, state.nonfinite_in_a_row, state.nonfinite_total)
+    reporter.scalar("Train/nonfinite_steps", state.nonfinite_total, state.global_step + 1)
+    if state.nonfinite_in_a_row >= args.max_nonfinite_steps:
+        stop_with_checkpoint(args, model, state, reporter, ctx,
+                             f"{state.nonfinite_in_a_row} non-finite losses in a row (--max_nonfinite_steps); "
+                             f"lower the learning rate or check the data", 3)
+
+
+def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
+    reporter.flush()
+    folder = save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+    raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
+                       f"(re-run with --auto_resume to continue)", exit_code)
+
+
+class RunContext:
+    """Per-session things the step loop needs besides the run state."""
+
+    def __init__(self, args, engine):
+        self.args = args
+        self.engine = engine
+        self.signals = StopSignals()
+        self.session_start = time.time()
+        self.session_base = 0.0
+
+    def with_time(self, state):
+        """The run state with this session's training time added (for a checkpoint)."""
+        return dataclasses.replace(state, train_seconds=self.session_base + time.time() - self.session_start)
+
+    def pld_kwargs(self):
+        if not self.args.progressive_layer_drop:
+            return {}
+        return {"progressive_layer_drop": True, "pld_theta": self.engine.get_pld_theta()}
+
+
+def run(args, model, optimizer, start_epoch, state, provider, reporter, ctx):
+    """The epoch loop: train, validate, checkpoint; a stop (--max_steps, --max_train_hours)
+    inside an epoch leaves a step{S} checkpoint that remembers the position in the epoch."""
     num_epochs = args.config["training"]["num_epochs"]
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the checkpoint has finished %d of %d epochs", start_epoch, num_epochs)
     for index in range(start_epoch, num_epochs):
         logger.info("Training epoch %d of %d", index + 1, num_epochs)
         started = time.time()
-        reached_max = train(args, index, model, optimizer, provider, state, reporter)
-        state.epoch = index + 1
-        if args.validation_data_path_prefix and not args.finetune:
+        stop = train(args, index, model, optimizer, provider, state, reporter, ctx)
+        epoch_done = state.epoch == index + 1
+        if args.validation_data_path_prefix and not args.finetune and (epoch_done or stop == "time"):
             pretrain_validation(args, index, model, reporter, state)
-        if args.ckpt_to_save is None or state.epoch in args.ckpt_to_save:
-            tag = f"epoch{state.epoch}_step{state.global_step}"
-            checkpoint_model(args.saved_model_path, tag, model, **state.client_state())
-            if master_process(args):
-                save_run_files(args, os.path.join(args.saved_model_path, tag))
+        if epoch_done and (args.ckpt_to_save is None or state.epoch in args.ckpt_to_save):
+            save_checkpoint(args, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
+        elif stop is not None:
+            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
-        if reached_max:
-            logger.warning("Stopping early: --max_steps %d reached at epoch %d, global step %d",
-                           args.max_steps, state.epoch, state.global_step)
-            break
+        if stop is not None:
+            logger.warning("Stopping: %s reached at epoch %d, global step %d",
+                           "--max_train_hours" if stop == "time" else "--max_steps", index + 1, state.global_step)
+            return
 
 
 def main(argv=None):
@@ -578,6 +890,9 @@ def main(argv=None):
             raise
         print(f"error: {e} (run with --debug for a traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+    except StopTraining as e:
+        logger.error("%s", e)
+        raise SystemExit(e.exit_code) from None
 
 
 def _main(args):
@@ -588,24 +903,32 @@ def _main(args):
     rank, world = get_rank_and_world()
     is_master = rank == 0
     setup_logging(args, is_master)
-    check_batch_sizes(args.ds_config, world, args.deepspeed_config)
+    args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
+        args.ds_config, world, args.deepspeed_config)
     set_seeds(args.seed)
     if is_master:
         os.makedirs(args.saved_model_path, exist_ok=True)
         logger.info("Arguments: %s", json.dumps({k: v for k, v in vars(args).items()
                                                  if k not in ("config", "ds_config")}, default=str))
         logger.info("Job config: %s", json.dumps(args.config))
-    model, optimizer = prepare_model_optimizer(args)
-    state = RunState()
-    load_checkpoint(args, model, state)
-    provider = build_provider(args)
-    reporter = Reporter(args, is_master)
-    if is_master:
-        reporter.writer.add_text("config", json.dumps(args.config, indent=2))
+    provider = build_provider(args)  # opens and checks the data before the model is built
+    reporter = ctx = None
     try:
-        run(args, model, optimizer, state.epoch, state, provider, reporter)
+        model, optimizer = prepare_model_optimizer(args)
+        state = RunState()
+        load_checkpoint(args, model, state)
+        reporter = Reporter(args, is_master)
+        if is_master:
+            reporter.writer.add_text("config", json.dumps(args.config, indent=2))
+        ctx = RunContext(args, model.network)
+        ctx.session_base = state.train_seconds
+        ctx.signals.install()
+        run(args, model, optimizer, state.epoch, state, provider, reporter, ctx)
     finally:
-        reporter.close()
+        if ctx is not None:
+            ctx.signals.uninstall()
+        if reporter is not None:
+            reporter.close()
         if hasattr(provider, "close"):
             provider.close()
     logger.info("Done: %d epochs, global step %d, %d samples", state.epoch, state.global_step,

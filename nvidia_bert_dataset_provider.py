@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface
 from turing.batch import Batch, BatchType
@@ -30,6 +30,41 @@ HDF5_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "m
              "next_sentence_labels")
 
 
+def _check_hdf5_layout(path, f):
+    """Keys, ranks, shapes and integer dtypes of an open shard, without reading the data."""
+    missing = [k for k in HDF5_KEYS if k not in f]
+    if missing:
+        raise ValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
+                         f"expected {', '.join(HDF5_KEYS)} (NVIDIA create_pretraining_data.py layout)")
+    for key in HDF5_KEYS:
+        if f[key].dtype.kind not in "iu":
+            raise ValueError(f"{path}: {key} has dtype {f[key].dtype}; expected an integer dtype")
+    ids = f["input_ids"].shape
+    if len(ids) != 2:
+        raise ValueError(f"{path}: input_ids has shape {ids}; expected [N, seq_len]")
+    n = ids[0]
+    for key in ("input_mask", "segment_ids"):
+        if f[key].shape != ids:
+            raise ValueError(f"{path}: {key} has shape {f[key].shape}; expected {ids} like input_ids")
+    preds = f["masked_lm_positions"].shape
+    if len(preds) != 2 or preds[0] != n or f["masked_lm_ids"].shape != preds:
+        raise ValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids {f['masked_lm_ids'].shape} "
+                         f"must both be [N={n}, max_predictions]")
+    if f["next_sentence_labels"].shape != (n,):
+        raise ValueError(f"{path}: next_sentence_labels has shape {f['next_sentence_labels'].shape}; "
+                         f"expected ({n},)")
+
+
+def check_hdf5_shard(path):
+    """Open a shard and check its layout (cheap: reads no data); returns the sample count."""
+    try:
+        with h5py.File(path, "r") as f:
+            _check_hdf5_layout(path, f)
+            return f["input_ids"].shape[0]
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
+
+
 def read_hdf5_shard(path):
     """Read and check one shard; returns a dict of numpy arrays keyed by HDF5_KEYS.
 
@@ -37,29 +72,11 @@ def read_hdf5_shard(path):
     """
     try:
         with h5py.File(path, "r") as f:
-            missing = [k for k in HDF5_KEYS if k not in f]
-            if missing:
-                raise ValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
-                                 f"expected {', '.join(HDF5_KEYS)} (NVIDIA create_pretraining_data.py layout)")
+            _check_hdf5_layout(path, f)
             arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
     except OSError as e:
         raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
-    n, length = arrays["input_ids"].shape if arrays["input_ids"].ndim == 2 else (None, None)
-    if n is None:
-        raise ValueError(f"{path}: input_ids has shape {arrays['input_ids'].shape}; expected [N, seq_len]")
-    for key in ("input_mask", "segment_ids"):
-        if arrays[key].shape != (n, length):
-            raise ValueError(f"{path}: {key} has shape {arrays[key].shape}; expected {(n, length)} like input_ids")
-    preds = arrays["masked_lm_positions"].shape
-    if len(preds) != 2 or preds[0] != n or arrays["masked_lm_ids"].shape != preds:
-        raise ValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids "
-                         f"{arrays['masked_lm_ids'].shape} must both be [N={n}, max_predictions]")
-    if arrays["next_sentence_labels"].shape != (n,):
-        raise ValueError(f"{path}: next_sentence_labels has shape {arrays['next_sentence_labels'].shape}; "
-                         f"expected ({n},)")
-    for key, arr in arrays.items():
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{path}: {key} has dtype {arr.dtype}; expected an integer dtype")
+    length = arrays["input_ids"].shape[1]
     positions = arrays["masked_lm_positions"]
     if positions.size and (positions.min() < 0 or positions.max() >= length):
         raise ValueError(f"{path}: masked_lm_positions outside [0, {length})")
@@ -163,6 +180,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
         random.Random(args.seed).shuffle(self.files)
+        check_hdf5_shard(self.shard_path(0))  # a bad first shard fails before any training
         self._pool = None
         self._future = None          # (epoch, Future) of the shard being read in the background
         self._loader = None
@@ -181,13 +199,19 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._future = None
         return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
 
-    def get_shard(self, index):
+    def get_shard(self, index, start_batch=0):
+        """(iterator over the epoch's micro batches from `start_batch` on, micro batches left)."""
         dataset = self._dataset(index)
-        # The order of an epoch depends on (seed, epoch, rank) only.
+        # The order of an epoch depends on (seed, epoch, rank) only, so a resumed epoch can
+        # skip the batches already trained on without reading them.
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index * 1009 + self.rank)
+        order = torch.randperm(len(dataset), generator=generator)[start_batch * self.micro_batch:]
         self._loader = DataLoader(
             dataset,
-            sampler=RandomSampler(dataset, generator=generator),
+            sampler=order.tolist(),
+            # its own generator: creating the iterator must not draw from the global torch RNG
+            # (dropout), or a resumed run would diverge from the uninterrupted one
+            generator=torch.Generator().manual_seed(self.seed + index),
             batch_size=self.micro_batch,
             num_workers=self.num_workers,
             collate_fn=_identity,
@@ -195,8 +219,8 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
         )
-        logger.info("Epoch %d: shard %s, %d samples, %d micro-batches", index, dataset.path,
-                    len(dataset), len(self._loader))
+        logger.info("Epoch %d: shard %s, %d samples, %d micro-batches from micro-batch %d", index + 1,
+                    dataset.path, len(dataset), len(self._loader), start_batch)
         return iter(self._loader), len(self._loader)
 
     def release_shard(self, index):

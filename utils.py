@@ -71,6 +71,17 @@ def get_argument_parser():
         help="epoch numbers to checkpoint (default: every epoch)")
     add("--use_pretrain", action="store_true", default=False,
         help="start the encoder from the job config's bert_model_file")
+    add("--checkpoint_every_steps", type=int, default=0,
+        help="also checkpoint every N optimizer steps (tag step{S}); 0 = only per epoch")
+    add("--keep_last_checkpoints", type=int, default=0,
+        help="keep only the newest K interval (step{S}) checkpoints; 0 = keep all")
+    add("--auto_resume", action="store_true", default=False,
+        help="resume from OUT/saved_models/JOB/latest when it exists, else start fresh")
+    add("--max_nonfinite_steps", type=int, default=10,
+        help="stop (with a checkpoint of the last good state) after this many non-finite losses in a row")
+    add("--max_train_hours", type=float, default=None,
+        help="stop cleanly (validation, checkpoint, exit 0) after this much training time, "
+             "counted across resumes")
 
     # Model options
     add("--deepspeed_transformer_kernel", action="store_true", default=False,
