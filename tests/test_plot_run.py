@@ -1,0 +1,73 @@
+"""tools/plot_run.py: a PNG from the TensorBoard events of a real tiny run (the in-process run
+shared with tests/test_export_hf.py), several runs on one figure, and the errors."""
+import os
+import shutil
+import struct
+
+import pytest
+
+from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
+from tools import plot_run
+
+pytest.importorskip("matplotlib")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) from the IHDR chunk, after checking the signature."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plot_of_a_real_run(tiny_run, tmp_path, capsys):  # noqa: F811
+    output = tmp_path / "plots" / "loss.png"
+    assert plot_run.main([tiny_run["runs"], "--output", str(output), "--smooth", "0.6"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    width, height = png_size(output)
+    assert width >= 600 and height >= 300
+    assert output.stat().st_size > 20_000  # drawn panels, not an empty canvas
+
+
+def test_panels_follow_the_tags_and_runs_share_a_figure(tiny_run, tmp_path):  # noqa: F811
+    # A second run: the same events under another job name.
+    other = tmp_path / "runs" / "other_job"
+    shutil.copytree(tiny_run["runs"], other)
+    drawn = plot_run.plot_runs([tiny_run["runs"], str(other)], str(tmp_path / "two.png"), smooth=0.9)
+    # The run trained 6 steps over 2 validated epochs: loss, LR, validation loss and MLM accuracy.
+    loss_panel = next(t for t in drawn if t.startswith("Training loss"))
+    for title in (loss_panel, "Learning rate", "Validation loss"):
+        assert drawn[title] == ["tiny_bert", "other_job"], title
+    assert drawn["Validation accuracy"][:1] == ["tiny_bert MLM"]
+    assert "other_job MLM" in drawn["Validation accuracy"]
+    assert set(drawn) <= {p[0] for p in plot_run.PANELS}
+    png_size(tmp_path / "two.png")
+
+
+def test_runs_with_the_same_name_are_told_apart(tmp_path):
+    a, b = tmp_path / "a" / "runs" / "job", tmp_path / "b" / "runs" / "job"
+    assert plot_run.run_labels([str(a), str(b)]) == ["a/runs/job", "b/runs/job"]
+
+
+def test_ema_is_debiased_and_follows_the_data():
+    assert plot_run.ema([4.0, 4.0, 4.0], 0.9) == pytest.approx([4.0, 4.0, 4.0])
+    smoothed = plot_run.ema([10.0, 0.0, 0.0, 0.0], 0.5)
+    assert smoothed[0] == pytest.approx(10.0)
+    assert smoothed[1:] == sorted(smoothed[1:], reverse=True) and 0 < smoothed[-1] < 10.0
+    assert plot_run.ema([1.0, 2.0], 0.0) == [1.0, 2.0]
+
+
+def test_missing_events_and_bad_smoothing_are_one_line_errors(tiny_run, tmp_path, capsys):  # noqa: F811
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    assert plot_run.main([tiny_run["runs"], str(empty), "--output", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and str(empty) in err and "no TensorBoard event files" in err
+    assert "\n" not in err
+    assert plot_run.main([str(tmp_path / "absent"), "--output", str(tmp_path / "x.png")]) == 2
+    assert "run folder not found" in capsys.readouterr().err
+    assert plot_run.main([tiny_run["runs"], "--smooth", "1.5", "--output", str(tmp_path / "x.png")]) == 2
+    assert "--smooth" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x.png")

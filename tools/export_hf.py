@@ -1,0 +1,279 @@
+"""Export one of our DeepSpeed checkpoints as a Hugging Face model folder.
+
+    python tools/export_hf.py --checkpoint_dir OUT/saved_models/JOB [--tag epoch2_step60] \
+        --output_dir hf_model [--cf bert_config.json]
+
+The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormForMaskedLM`
+(our pre-LN BERT, mapped by `turing.hf_convert`), the tokenizer files (`vocab.txt`,
+`tokenizer_config.json`, `special_tokens_map.json`) and a README saying what was dropped.
+It loads offline with `transformers`' own classes:
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    model = AutoModelForMaskedLM.from_pretrained("hf_model")
+    tokenizer = AutoTokenizer.from_pretrained("hf_model")
+
+Everything needed comes from the checkpoint: the weights, the job config and the resolved
+arguments saved next to them (vocab file, lower-casing). `--cf` is a fallback for checkpoints
+without those files, or whose vocab file has moved. Before writing, the exported model is run
+next to ours on a padded batch and the MLM scores at real positions must agree.
+"""
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+
+if __package__ in (None, ""):
+    # Run as a script (python tools/export_hf.py): make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError,  # noqa: E402
+                               load_checkpoint_state, ours_to_hf, resolve_checkpoint_tag_dir)
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
+
+
+class ExportError(ValueError):
+    """Bad input to the export; the message names the file or key."""
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description="Export a DeepSpeed checkpoint of ours as a Hugging Face "
+                                                 "RoBERTa-PreLayerNorm masked-LM folder (offline).")
+    parser.add_argument("--checkpoint_dir", required=True,
+                        help="OUT/saved_models/JOB (or one of its tag folders)")
+    parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. epoch2_step60 (default: the 'latest' file)")
+    parser.add_argument("--output_dir", required=True, help="folder to write the Hugging Face model to")
+    parser.add_argument("--cf", "--config-file", dest="config_file", default=None,
+                        help="job config (bert_config.json), used when the checkpoint lacks job_config.json "
+                             "or its vocab file has moved")
+    parser.add_argument("--no_verify", action="store_true",
+                        help="skip running both models on a test batch before writing")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return parser
+
+
+def _read_json(path, what):
+    if not os.path.isfile(path):
+        raise ExportError(f"{path}: {what} not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}: not valid JSON ({e})") from None
+
+
+def _vocab_candidates(token_file, bases):
+    for base in bases:
+        path = token_file if base is None else os.path.join(base, token_file)
+        yield os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
+
+
+def find_vocab_file(run_args, job_config, cf_config, cf_path):
+    """args.json's vocab_file if it exists, else bert_token_file of --cf (or of the saved job
+    config) as given, next to --cf, or under the run's --data_path_prefix."""
+    tried = []
+    saved = (run_args or {}).get("vocab_file")
+    if saved:
+        if os.path.isfile(saved):
+            return saved
+        tried.append(saved)
+    prefix = (run_args or {}).get("data_path_prefix") or None
+    for config, base in ((cf_config, os.path.dirname(os.path.abspath(cf_path)) if cf_path else None),
+                         (job_config, None)):
+        token_file = (config or {}).get("bert_token_file")
+        if not token_file:
+            continue
+        for path in _vocab_candidates(token_file, [None, base, prefix]):
+            if os.path.isfile(path):
+                return path
+            tried.append(path)
+    raise ExportError("vocab file not found: tried " + (", ".join(dict.fromkeys(tried)) or "nothing")
+                      + "; pass --cf with a bert_token_file that exists (a vocab.txt or a folder holding one)")
+
+
+def model_config(job_config, state_dict, source):
+    """Our BertConfig: bert_model_config of the job config, sized by the saved tensors."""
+    if not job_config or "bert_model_config" not in job_config:
+        raise ExportError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
+    try:
+        config = BertConfig.from_dict(job_config["bert_model_config"])
+    except BertConfigError as e:
+        raise ExportError(f"{source}: {e}") from None
+    word = state_dict.get("bert.embeddings.word_embeddings.weight")
+    pos = state_dict.get("bert.embeddings.position_embeddings.weight")
+    if word is None or pos is None:
+        raise ExportError(f"{source}: the checkpoint has no embedding tables (not a BERT checkpoint of ours)")
+    # The training script overrides the config's vocab size with the vocab file's (padded).
+    config.vocab_size = word.shape[0]
+    if pos.shape[0] != config.max_position_embeddings or word.shape[1] != config.hidden_size:
+        raise ExportError(f"{source}: bert_model_config (hidden_size {config.hidden_size}, max_position_embeddings "
+                          f"{config.max_position_embeddings}) does not match the checkpoint's embeddings "
+                          f"{tuple(word.shape)} and {tuple(pos.shape)}")
+    return config
+
+
+def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
+    """Run ours and the HF model on a padded batch; returns the max |difference| of the MLM
+    scores at real positions (raises if above tolerance)."""
+    ours = BertForPreTrainingPreLN(config)
+    ours.load_state_dict(state_dict, strict=True)
+    ours.eval()
+    hf_model.eval()
+    g = torch.Generator().manual_seed(seed)
+    length = min(32, config.max_position_embeddings)
+    lengths = [length, max(2, length // 2), max(2, length // 3)]
+    ids = torch.randint(0, vocab_size_real, (len(lengths), length), generator=g)
+    ids[ids == pad_id] = (pad_id + 1) % vocab_size_real
+    mask = torch.zeros_like(ids)
+    segments = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+        segments[row, n // 2:n] = 1 if config.type_vocab_size > 1 else 0
+    ids = ids.masked_fill(mask == 0, pad_id)  # BERT inputs: padding at the end
+    with torch.no_grad():
+        scores, _ = ours.predict(ids, segments, mask)
+        hf_scores = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=segments).logits
+    real = mask.bool()
+    diff = (scores[..., :vocab_size_real][real] - hf_scores[real]).abs().max().item()
+    scale = max(1.0, scores[real].abs().max().item())
+    if diff > VERIFY_TOLERANCE * scale:
+        raise ConversionError(f"the exported model's MLM scores differ from ours by {diff:.3g} "
+                              f"(scores up to {scale:.3g}); the mapping does not fit this checkpoint")
+    return diff
+
+
+def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_length):
+    """vocab.txt + configs so AutoTokenizer gives a BertTokenizer with our ids and settings."""
+    shutil.copyfile(vocab_file, os.path.join(output_dir, "vocab.txt"))
+    special = {f"{key}_token": tok for key, tok in SPECIAL_TOKENS.items()}
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": bool(do_lower_case),
+        # Google's BasicTokenizer strips accents exactly when it lower-cases: None = follow do_lower_case.
+        "strip_accents": None,
+        "tokenize_chinese_chars": True,
+        "model_max_length": int(model_max_length),
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
+    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config, f, indent=2)
+    with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+        json.dump(special, f, indent=2)
+
+
+README = """# {name}: pre-LN BERT exported for Hugging Face transformers
+
+Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
+
+```python
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("{folder}")
+model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
+```
+
+Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
+LayerNorm and tied MLM head as the Bing BERT model; the MLM scores at every real (non-pad)
+position equal ours (checked when exported: max difference {diff}).
+
+What differs from the training checkpoint:
+- Position table: RoBERTa numbers positions from `pad_token_id + 1` ({shift}), so the table is
+  ours shifted by {shift} rows (zero rows in front) and `max_position_embeddings` is
+  {hf_positions} = {positions} + {shift}. Sequences must be padded at the end (as BERT inputs
+  are); a token after a pad gets a different position than in our model.
+- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
+  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
+- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
+  a masked-LM model has neither. Fine-tuning heads start fresh.
+- Weights are stored in float32 whatever the training precision was.
+- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.
+  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
+  (e.g. punctuation added in recent Unicode versions) it can split differently from
+  `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
+"""
+
+
+def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True):
+    """Write the Hugging Face folder; returns a dict summarising what was written."""
+    try:
+        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM
+    except ImportError as e:
+        raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
+
+    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
+    state_dict, job_config, run_args = load_checkpoint_state(checkpoint_dir, tag)
+    cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
+    if job_config is not None:
+        source = os.path.join(tag_dir, "job_config.json")
+    else:
+        job_config, source = cf_config, config_file or os.path.join(tag_dir, "job_config.json")
+    config = model_config(job_config, state_dict, source)
+
+    vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file)
+    vocab = load_vocab(vocab_file)
+    vocab_real = max(vocab.values()) + 1 if vocab else 0
+    if vocab_real == 0 or vocab_size_padded(vocab_real) != config.vocab_size:
+        raise ExportError(f"vocab file {vocab_file} has {vocab_real} tokens, but the checkpoint's embedding has "
+                          f"{config.vocab_size} rows (the vocab size rounded up to a multiple of 8): "
+                          "not the vocab it was trained with")
+    try:
+        ids = special_token_ids(vocab)
+    except ValueError as e:
+        raise ExportError(f"vocab file {vocab_file}: {e}") from None
+    do_lower_case = bool((run_args or {}).get("do_lower_case", True))
+
+    hf_state, hf_config_dict = ours_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
+                                          bos_token_id=ids["cls"], eos_token_id=ids["sep"])
+    hf_model = RobertaPreLayerNormForMaskedLM(RobertaPreLayerNormConfig(**hf_config_dict))
+    result = hf_model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ConversionError(f"the mapped weights do not fit {HF_ARCHITECTURE}: missing {result.missing_keys}, "
+                              f"unexpected {result.unexpected_keys}")
+    diff = verify(state_dict, config, hf_model, vocab_real, ids["pad"]) if check else None
+    if diff is not None:
+        logger.info("Exported model matches ours: max MLM score difference %.3g", diff)
+
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ExportError(f"--output_dir {output_dir} exists and is not a folder")
+    os.makedirs(output_dir, exist_ok=True)
+    hf_model.save_pretrained(output_dir)
+    write_tokenizer_files(output_dir, vocab_file, do_lower_case, config.max_position_embeddings)
+    shift = ids["pad"] + 1
+    with open(os.path.join(output_dir, "README.md"), "w", encoding="utf-8") as f:
+        f.write(README.format(
+            name=(job_config or {}).get("name", "bing_bert"), checkpoint=tag_dir, folder=output_dir,
+            architecture=HF_ARCHITECTURE, diff="skipped" if diff is None else f"{diff:.2g}", shift=shift,
+            hf_positions=config.max_position_embeddings + shift, positions=config.max_position_embeddings,
+            vocab_real=vocab_real, vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size,
+            lower=do_lower_case))
+    logger.info("Wrote %s (dropped: %s)", output_dir, ", ".join(HF_MISSING_KEYS))
+    return {"checkpoint": tag_dir, "output_dir": output_dir, "vocab_file": vocab_file,
+            "vocab_size": vocab_real, "max_abs_diff": diff, "do_lower_case": do_lower_case}
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = export(args.checkpoint_dir, args.output_dir, args.tag, args.config_file,
+                         check=not args.no_verify)
+    except (ValueError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {summary['checkpoint']} -> {summary['output_dir']} "
+          f"(vocab {summary['vocab_size']}, max MLM score difference {summary['max_abs_diff']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

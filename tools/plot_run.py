@@ -1,0 +1,151 @@
+"""Plot the TensorBoard scalars of one or more training runs into one PNG.
+
+    python tools/plot_run.py OUT/runs/JOB [OUT2/runs/JOB2 ...] --output loss.png [--smooth 0.9]
+
+Panels (a panel with no data in any run is left out):
+- training loss against samples seen, raw (faint) and smoothed (EMA)  `Train/Samples/train_loss`
+- learning rate against optimizer step                                 `Train/lr`
+- validation loss against epoch                                        `Validation/Loss`
+- validation accuracy against epoch                  `Validation/MLM_accuracy`, `Validation/NSP_accuracy`
+- throughput against optimizer step                                    `Train/samples_per_sec`
+Each run is one colour, named after its folder, so several runs compare on one figure.
+Events are read with `turing.tb_events` (no TensorFlow needed); matplotlib draws off-screen (Agg).
+"""
+import argparse
+import glob
+import logging
+import math
+import os
+import sys
+
+if __package__ in (None, ""):
+    # Run as a script (python tools/plot_run.py): make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from turing.tb_events import read_run  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# (title, x label, y label, [(tag, line label suffix)], draw raw + EMA)
+PANELS = [
+    ("Training loss (faint: raw)", "samples", "loss", [("Train/Samples/train_loss", "")], True),
+    ("Learning rate", "optimizer step", "learning rate", [("Train/lr", "")], False),
+    ("Validation loss", "epoch", "loss", [("Validation/Loss", "")], False),
+    ("Validation accuracy", "epoch", "accuracy",
+     [("Validation/MLM_accuracy", " MLM"), ("Validation/NSP_accuracy", " NSP")], False),
+    ("Throughput", "optimizer step", "samples / s", [("Train/samples_per_sec", "")], False),
+]
+
+
+class PlotError(ValueError):
+    """A run folder that cannot be plotted; the message names it."""
+
+
+def ema(values, smooth):
+    """TensorBoard-style exponential moving average, debiased so it starts at the first value."""
+    out, avg = [], 0.0
+    for i, value in enumerate(values, start=1):
+        avg = smooth * avg + (1.0 - smooth) * value
+        out.append(avg / (1.0 - smooth ** i) if smooth > 0 else value)
+    return out
+
+
+def run_labels(run_dirs):
+    """Folder names; where two runs share a name, add the parent folders until they differ."""
+    parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in run_dirs]
+    depth = 1
+    while depth < max(len(p) for p in parts):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+        depth += 1
+    return ["/".join(p[-depth:]) for p in parts]
+
+
+def load_runs(run_dirs):
+    """[(label, {tag: [(step, value)]})] with each tag's points sorted by step (a resumed run
+    appends files; the last value written for a step wins)."""
+    runs = []
+    for run_dir, label in zip(run_dirs, run_labels(run_dirs)):
+        if not os.path.isdir(run_dir):
+            raise PlotError(f"{run_dir}: run folder not found (expected OUT/runs/JOB with TensorBoard event files)")
+        if not glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True):
+            raise PlotError(f"{run_dir}: no TensorBoard event files (events.out.tfevents.*) in this folder")
+        scalars, _ = read_run(run_dir)
+        runs.append((label, {tag: sorted(dict(points).items()) for tag, points in scalars.items()}))
+    return runs
+
+
+def plot_runs(run_dirs, output, smooth=0.9):
+    """Draw the figure into `output` (PNG); returns {panel title: [line labels drawn]}."""
+    if not 0.0 <= smooth < 1.0:
+        raise PlotError(f"--smooth must be in [0, 1), got {smooth}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = load_runs(run_dirs)
+    panels = [p for p in PANELS if any(tag in scalars for _, scalars in runs for tag, _ in p[3])]
+    if not panels:
+        raise PlotError(f"{', '.join(run_dirs)}: no scalars to plot (tags read: "
+                        f"{', '.join(sorted({t for _, s in runs for t in s})) or 'none'})")
+    cols = 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.0 * rows), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = {}
+    for ax, (title, xlabel, ylabel, tags, smoothed) in zip(axes.flat, panels):
+        drawn[title] = []
+        for r, (label, scalars) in enumerate(runs):
+            colour = colours[r % len(colours)]
+            for (tag, suffix), style in zip(tags, ("-", "--")):
+                if tag not in scalars:
+                    continue
+                steps, values = zip(*scalars[tag])
+                name = label + suffix
+                if smoothed:
+                    ax.plot(steps, values, color=colour, alpha=0.25, linewidth=0.8)
+                    ax.plot(steps, ema(values, smooth), color=colour, linestyle=style,
+                            label=f"{name} (EMA {smooth:g})")
+                else:
+                    marker = "o" if len(steps) < 30 else None
+                    ax.plot(steps, values, color=colour, linestyle=style, marker=marker, label=name)
+                drawn[title].append(name)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        if xlabel != "samples":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Plot training loss, learning rate, validation and throughput "
+                                                 "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard folder of a run")
+    parser.add_argument("--output", "-o", default="loss.png", help="PNG file to write (default: loss.png)")
+    parser.add_argument("--smooth", type=float, default=0.9,
+                        help="EMA weight for the smoothed training loss, in [0, 1) (default: 0.9)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        drawn = plot_runs(args.run_dirs, args.output, args.smooth)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}: {', '.join(drawn)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""Weights between our pre-LN BERT and Hugging Face's RoBERTa-PreLayerNorm, and checkpoint reading.
+
+Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrain` call it):
+- `ours_to_hf(state_dict, config, vocab_size_real)` -> (state dict of
+  `RobertaPreLayerNormForMaskedLM`, its `config.json` dict);
+- `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse, and
+  `load_hf_folder(folder)` doing it for an exported folder (`is_hf_folder` recognises one);
+- `load_checkpoint_state(checkpoint_dir, tag)` reads a DeepSpeed checkpoint of ours (plain or
+  DeepSpeed transformer-kernel layout) into an fp32 state dict with the SPEC 5 key names.
+
+Why RoBERTa-PreLayerNorm: it is the `transformers` architecture with exactly our block,
+`x + Attn(LN(x))` then `h + FFN(LN(h))`, a final LayerNorm after the last layer, learned
+absolute positions, token types, LayerNorm eps 1e-12, exact (erf) GELU, and a tied MLM head
+(dense, GELU, LayerNorm, decoder + bias). So the export runs with `transformers`' own classes
+and no remote code. The differences, and how the mapping handles them:
+- Positions. RoBERTa computes position ids from the input ids: cumsum(input_ids != pad) * mask
+  + pad_id, so a real token at index j has position pad_id + 1 + j when padding sits at the end
+  (always so for BERT inputs). The exported table holds our rows from row pad_id + 1 on (rows
+  0..pad_id are zero, never read at real tokens), so it has pad_id + 1 more rows. Positions of pad
+  tokens, and of any token after a pad, differ from ours; those outputs are not compared.
+- Attention mask: ours adds -10000 at pads, `transformers` the dtype's minimum. Both give a
+  softmax weight of exactly 0 in fp32, so outputs at real positions agree to rounding.
+- Vocab: our embedding has the vocab file's size rounded up to a multiple of 8; the padded
+  rows are never a label or an input, so they are dropped (HF vocab_size = the file's size).
+  On import they come back as zero embedding rows with an MLM bias of -10000, so they take no
+  probability mass and our MLM loss equals the exported model's.
+- Dropped: the pooler and the NSP head (`cls.seq_relationship`); `...ForMaskedLM` has neither.
+  On import they are absent from the returned state dict (`HF_MISSING_KEYS`): the model keeps
+  its fresh initialisation for them and the caller reports them as missing.
+"""
+import json
+import logging
+import os
+import re
+
+import torch
+
+from turing.modeling import LAYER_NORM_EPS, BertConfig
+from turing.tokenization import vocab_size_padded
+
+logger = logging.getLogger(__name__)
+
+HF_MODEL_TYPE = "roberta-prelayernorm"
+HF_ARCHITECTURE = "RobertaPreLayerNormForMaskedLM"
+HF_BASE = "roberta_prelayernorm."
+# Our keys with no counterpart in RobertaPreLayerNormForMaskedLM.
+HF_MISSING_KEYS = ("bert.pooler.dense_act.weight", "bert.pooler.dense_act.bias",
+                   "cls.seq_relationship.weight", "cls.seq_relationship.bias")
+PADDED_ROW_BIAS = -10000.0  # MLM bias of re-created vocab padding rows: no probability mass
+MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
+
+# DeepSpeedTransformerLayer parameter -> our per-layer name (pre_layer_norm=True). The kernel
+# applies norm_w/norm_b to the layer input (before attention) and attn_nw/attn_nb to the
+# residual after attention (ds_transformer_cuda.cpp, Forward), so they are our Pre- and
+# PostAttentionLayerNorm respectively. attn_qkvw/attn_qkvb are [query; key; value] on dim 0.
+_KERNEL_NAMES = {
+    "attn_ow": "attention.output.dense.weight", "attn_ob": "attention.output.dense.bias",
+    "norm_w": "PreAttentionLayerNorm.weight", "norm_b": "PreAttentionLayerNorm.bias",
+    "attn_nw": "PostAttentionLayerNorm.weight", "attn_nb": "PostAttentionLayerNorm.bias",
+    "inter_w": "intermediate.dense_act.weight", "inter_b": "intermediate.dense_act.bias",
+    "output_w": "output.dense.weight", "output_b": "output.dense.bias",
+}
+_KERNEL_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attn_qkv[wb]|"
+                         + "|".join(_KERNEL_NAMES) + r")$")
+
+
+class ConversionError(ValueError):
+    """Weights or a config that cannot be mapped; the message names the key or file."""
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """A checkpoint folder, tag or file that does not exist; the message names the path."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Key mapping
+
+
+def _key_pairs(num_layers):
+    """[(our key, HF key)] for every tensor copied unchanged (no row surgery)."""
+    pairs = [("bert.embeddings.token_type_embeddings.weight", HF_BASE + "embeddings.token_type_embeddings.weight")]
+    for p in ("weight", "bias"):
+        pairs += [
+            (f"bert.embeddings.LayerNorm.{p}", f"{HF_BASE}embeddings.LayerNorm.{p}"),
+            (f"bert.encoder.FinalLayerNorm.{p}", f"{HF_BASE}LayerNorm.{p}"),
+            (f"cls.predictions.transform.dense_act.{p}", f"lm_head.dense.{p}"),
+            (f"cls.predictions.transform.LayerNorm.{p}", f"lm_head.layer_norm.{p}"),
+        ]
+    for i in range(num_layers):
+        ours, hf = f"bert.encoder.layer.{i}.", f"{HF_BASE}encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            pairs += [(f"{ours}attention.self.{n}.{p}", f"{hf}attention.self.{n}.{p}")
+                      for n in ("query", "key", "value")]
+            pairs += [
+                (f"{ours}attention.output.dense.{p}", f"{hf}attention.output.dense.{p}"),
+                (f"{ours}PreAttentionLayerNorm.{p}", f"{hf}attention.LayerNorm.{p}"),
+                (f"{ours}PostAttentionLayerNorm.{p}", f"{hf}intermediate.LayerNorm.{p}"),
+                (f"{ours}intermediate.dense_act.{p}", f"{hf}intermediate.dense.{p}"),
+                (f"{ours}output.dense.{p}", f"{hf}output.dense.{p}"),
+            ]
+    return pairs
+
+
+_WORD, _POS = "bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight"
+_DECODER, _BIAS = "cls.predictions.decoder.weight", "cls.predictions.bias"
+_HF_WORD, _HF_POS = HF_BASE + "embeddings.word_embeddings.weight", HF_BASE + "embeddings.position_embeddings.weight"
+
+
+def _num_layers(keys, pattern):
+    found = {int(m.group(1)) for k in keys if (m := re.match(pattern, k))}
+    return max(found) + 1 if found else 0
+
+
+def _short(keys, n=6):
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f" ... ({len(keys)} in all)" if len(keys) > n else "")
+
+
+def _check_keys(have, expected, optional, what):
+    missing = set(expected) - set(have)
+    unexpected = set(have) - set(expected) - set(optional)
+    if missing or unexpected:
+        raise ConversionError(f"{what}: keys do not match (missing: {_short(missing) or 'none'}; "
+                              f"unexpected: {_short(unexpected) or 'none'})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ours -> Hugging Face
+
+
+def ours_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, bos_token_id=None, eos_token_id=None):
+    """Map our BertForPreTrainingPreLN weights onto RobertaPreLayerNormForMaskedLM.
+
+    state_dict: SPEC 5 keys (the pooler and NSP head may be present; they are dropped).
+    config: our BertConfig (vocab_size = padded embedding rows).
+    vocab_size_real: the vocab file's size; rows from there on are padding and are dropped.
+    pad_token_id: id of [PAD], the RoBERTa padding index that shifts the position table.
+    bos/eos_token_id: written to the config ([CLS]/[SEP] ids), for tools that read them.
+    Returns (hf_state_dict, hf_config_dict); tensors keep their dtype.
+    """
+    if config.hidden_act != "gelu":
+        raise ConversionError(f"hidden_act {config.hidden_act!r} cannot be exported: the "
+                              "RoBERTa-PreLayerNorm MLM head always applies GELU, ours applies hidden_act")
+    num_layers = config.num_hidden_layers
+    pairs = _key_pairs(num_layers)
+    expected = [o for o, _ in pairs] + [_WORD, _POS, _BIAS]
+    _check_keys(state_dict, expected, list(HF_MISSING_KEYS) + [_DECODER], "our state dict")
+    found_layers = _num_layers(state_dict, r"bert\.encoder\.layer\.(\d+)\.")
+    if found_layers != num_layers:
+        raise ConversionError(f"state dict has {found_layers} layers, config num_hidden_layers is {num_layers}")
+
+    word = state_dict[_WORD]
+    if word.shape[0] != config.vocab_size or word.shape[1] != config.hidden_size:
+        raise ConversionError(f"{_WORD} has shape {tuple(word.shape)}, config expects "
+                              f"({config.vocab_size}, {config.hidden_size})")
+    if not 0 < vocab_size_real <= word.shape[0]:
+        raise ConversionError(f"vocab size {vocab_size_real} does not fit the {word.shape[0]} embedding rows")
+    if vocab_size_padded(vocab_size_real) != word.shape[0]:
+        logger.warning("vocab size %d pads to %d, but the embedding has %d rows; exporting the first %d",
+                       vocab_size_real, vocab_size_padded(vocab_size_real), word.shape[0], vocab_size_real)
+    if _DECODER in state_dict and not torch.equal(state_dict[_DECODER], word):
+        raise ConversionError(f"{_DECODER} differs from {_WORD}: the export needs the tied MLM decoder")
+    if not 0 <= pad_token_id < vocab_size_real:
+        raise ConversionError(f"pad_token_id {pad_token_id} is outside the vocab (size {vocab_size_real})")
+
+    hf = {h: state_dict[o].clone() for o, h in pairs}
+    hf[_HF_WORD] = word[:vocab_size_real].clone()
+    hf["lm_head.decoder.weight"] = hf[_HF_WORD]  # tied, as in the HF model
+    hf["lm_head.bias"] = state_dict[_BIAS][:vocab_size_real].clone()
+    hf["lm_head.decoder.bias"] = hf["lm_head.bias"]
+    # Our row j is RoBERTa's position pad_token_id + 1 + j; the rows below are never read at
+    # real tokens (they would be the positions of pads), so they are zero.
+    pos = state_dict[_POS]
+    shift = pad_token_id + 1
+    hf_pos = pos.new_zeros((pos.shape[0] + shift, pos.shape[1]))
+    hf_pos[shift:] = pos
+    hf[_HF_POS] = hf_pos
+
+    hf_config = {
+        "architectures": [HF_ARCHITECTURE],
+        "model_type": HF_MODEL_TYPE,
+        "vocab_size": int(vocab_size_real),
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,  # "gelu" in transformers is the exact erf form
+        "hidden_dropout_prob": config.hidden_dropout_prob,
+        "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "max_position_embeddings": config.max_position_embeddings + shift,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": LAYER_NORM_EPS,
+        "pad_token_id": int(pad_token_id),
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+    }
+    if bos_token_id is not None:
+        hf_config["bos_token_id"] = int(bos_token_id)
+    if eos_token_id is not None:
+        hf_config["eos_token_id"] = int(eos_token_id)
+    return hf, hf_config
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face -> ours
+
+
+def _config_dict(hf_config):
+    if isinstance(hf_config, (str, os.PathLike)):
+        path = os.fspath(hf_config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise CheckpointNotFoundError(f"{path}: Hugging Face config.json not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConversionError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(hf_config, dict):
+        return dict(hf_config)
+    if hasattr(hf_config, "to_dict"):  # a transformers PretrainedConfig
+        return hf_config.to_dict()
+    raise ConversionError(f"hf_config must be a dict, a config.json path or a PretrainedConfig, "
+                          f"got {type(hf_config).__name__}")
+
+
+def hf_to_ours(hf_state_dict, hf_config):
+    """Map RobertaPreLayerNormForMaskedLM weights (as exported by `ours_to_hf`) back to ours.
+
+    hf_config: the config.json dict, its path (or folder), or a PretrainedConfig.
+    Returns (state_dict, BertConfig): SPEC 5 keys without `HF_MISSING_KEYS` (pooler and NSP
+    head, left to the model's initialisation); the vocab padded to a multiple of 8 with zero
+    embedding rows and MLM bias PADDED_ROW_BIAS; the position table shifted back. Tensors keep
+    their dtype.
+    """
+    cfg = _config_dict(hf_config)
+    model_type = cfg.get("model_type")
+    if model_type != HF_MODEL_TYPE:
+        raise ConversionError(f"Hugging Face config: model_type {model_type!r}, expected {HF_MODEL_TYPE!r} "
+                              "(a folder written by tools/export_hf.py)")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "pad_token_id"):
+        if not isinstance(cfg.get(key), int):
+            raise ConversionError(f"Hugging Face config: {key} must be an int, got {cfg.get(key)!r}")
+    eps = cfg.get("layer_norm_eps", LAYER_NORM_EPS)
+    if abs(eps - LAYER_NORM_EPS) > 1e-15:
+        raise ConversionError(f"Hugging Face config: layer_norm_eps {eps} differs from our model's {LAYER_NORM_EPS}")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ConversionError("Hugging Face config: position_embedding_type must be 'absolute', "
+                              f"got {cfg['position_embedding_type']!r}")
+    if cfg.get("hidden_act", "gelu") != "gelu":
+        raise ConversionError(f"Hugging Face config: hidden_act {cfg['hidden_act']!r}; only 'gelu' maps onto our model")
+    pad = cfg["pad_token_id"]
+    shift = pad + 1
+    if cfg["max_position_embeddings"] <= shift:
+        raise ConversionError(f"Hugging Face config: max_position_embeddings {cfg['max_position_embeddings']} "
+                              f"leaves no positions after the padding index {pad}")
+
+    sd = dict(hf_state_dict)
+    if not any(k.startswith(HF_BASE) for k in sd) and any(k.startswith("embeddings.") for k in sd):
+        sd = {HF_BASE + k: v for k, v in sd.items()}  # saved from the bare RobertaPreLayerNormModel
+    num_layers = cfg["num_hidden_layers"]
+    pairs = _key_pairs(num_layers)
+    expected = [h for _, h in pairs] + [_HF_WORD, _HF_POS, "lm_head.bias"]
+    optional = ["lm_head.decoder.weight", "lm_head.decoder.bias", HF_BASE + "pooler.dense.weight",
+                HF_BASE + "pooler.dense.bias", HF_BASE + "embeddings.position_ids"]
+    _check_keys(sd, expected, optional, "Hugging Face state dict")
+
+    vocab_real = cfg["vocab_size"]
+    word = sd[_HF_WORD]
+    if word.shape[0] != vocab_real:
+        raise ConversionError(f"{_HF_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
+    if "lm_head.decoder.weight" in sd and not torch.equal(sd["lm_head.decoder.weight"], word):
+        raise ConversionError("lm_head.decoder.weight differs from the word embeddings: our MLM decoder is tied")
+    padded = vocab_size_padded(vocab_real)
+    ours = {o: sd[h].clone() for o, h in pairs}
+    ours[_WORD] = torch.cat([word, word.new_zeros((padded - vocab_real, word.shape[1]))])
+    ours[_DECODER] = ours[_WORD]  # tied
+    bias = sd["lm_head.bias"]
+    ours[_BIAS] = torch.cat([bias, bias.new_full((padded - vocab_real,), PADDED_ROW_BIAS)])
+    ours[_POS] = sd[_HF_POS][shift:].clone()
+
+    config = BertConfig(
+        padded,
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.get("hidden_dropout_prob", 0.1),
+        attention_probs_dropout_prob=cfg.get("attention_probs_dropout_prob", 0.1),
+        max_position_embeddings=cfg["max_position_embeddings"] - shift,
+        type_vocab_size=cfg.get("type_vocab_size", 2),
+        initializer_range=cfg.get("initializer_range", 0.02),
+    )
+    return ours, config
+
+
+def is_hf_folder(path):
+    """True for a folder with a config.json of the exported architecture."""
+    config = os.path.join(os.fspath(path), "config.json")
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return json.load(f).get("model_type") == HF_MODEL_TYPE
+    except (OSError, ValueError):
+        return False
+
+
+def load_hf_folder(folder):
+    """(state_dict, BertConfig) of a folder written by tools/export_hf.py (or any
+    RobertaPreLayerNormForMaskedLM saved with safetensors), via `hf_to_ours`."""
+    folder = os.fspath(folder)
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        files = [single]
+    elif os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = [os.path.join(folder, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
+    else:
+        raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
+                                      "expected a folder written by tools/export_hf.py")
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ConversionError(f"{folder}: reading safetensors needs the 'safetensors' package ({e})") from None
+    hf_state = {}
+    for path in files:
+        hf_state.update(load_file(path))
+    try:
+        return hf_to_ours(hf_state, folder)
+    except ConversionError as e:
+        raise ConversionError(f"{folder}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed checkpoints
+
+
+def from_transformer_kernel_layout(state_dict):
+    """Rename DeepSpeedTransformerLayer parameters (attn_qkvw, ..., norm_b) to SPEC 5 names.
+
+    Keys without kernel names pass through; a state dict in the plain layout is returned as is.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        m = _KERNEL_KEY.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        prefix, name = m.group("prefix"), m.group("name")
+        if name in ("attn_qkvw", "attn_qkvb"):
+            if value.shape[0] % 3:
+                raise ConversionError(f"{key}: first dimension {value.shape[0]} is not 3 x hidden_size")
+            p = "weight" if name == "attn_qkvw" else "bias"
+            for part, tensor in zip(("query", "key", "value"), value.chunk(3, dim=0)):
+                out[f"{prefix}attention.self.{part}.{p}"] = tensor.clone()
+        else:
+            out[prefix + _KERNEL_NAMES[name]] = value
+    return out
+
+
+def _tags(folder):
+    return sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+
+
+def _read_json_if_present(path):
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e})") from None
+
+
+def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None):
+    """The folder of one checkpoint: checkpoint_dir/tag, checkpoint_dir/<latest>, or
+    checkpoint_dir itself when it already is a tag folder (holds the model states file)."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointNotFoundError(f"{checkpoint_dir}: checkpoint folder not found")
+    if tag is None:
+        if os.path.isfile(os.path.join(checkpoint_dir, MODEL_STATES_FILE)):
+            return checkpoint_dir
+        latest = os.path.join(checkpoint_dir, "latest")
+        if not os.path.isfile(latest):
+            raise CheckpointNotFoundError(
+                f"{latest}: no 'latest' file naming the newest checkpoint; pass a tag "
+                f"(tags there: {', '.join(_tags(checkpoint_dir)) or 'none'})")
+        with open(latest, encoding="utf-8") as f:
+            tag = f.read().strip()
+        if not tag:
+            raise ConversionError(f"{latest}: empty, expected the newest checkpoint's tag")
+    folder = os.path.join(checkpoint_dir, str(tag))
+    if not os.path.isdir(folder):
+        raise CheckpointNotFoundError(f"{folder}: checkpoint tag '{tag}' not found "
+                                      f"(tags there: {', '.join(_tags(checkpoint_dir)) or 'none'})")
+    return folder
+
+
+def _numpy_array_globals():
+    """What unpickling a numpy array needs (the client state holds numpy RNG states)."""
+    import numpy as np
+
+    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype] + [
+        getattr(np.dtypes, name) for name in ("UInt32DType", "Float64DType", "Int64DType")
+        if hasattr(getattr(np, "dtypes", None), name)]
+
+
+def _torch_load(path):
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as first:  # noqa: BLE001 - torch raises several types here
+        # DeepSpeed model-state files can hold Python objects beyond tensors, plain containers
+        # and numpy arrays (depending on the DeepSpeed version and config: argparse
+        # Namespaces, enums), which the weights-only unpickler refuses; those need the full
+        # unpickler, which can run code from the file. Only load checkpoints you trust.
+        logger.warning("%s: not loadable weights-only (%s); loading with weights_only=False, "
+                       "which trusts the file", path, str(first).splitlines()[0][:200])
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            raise ConversionError(f"{path}: not a readable torch checkpoint ({e})") from None
+
+
+def load_checkpoint_state(checkpoint_dir, tag=None):
+    """Read the model weights of one of our DeepSpeed checkpoints.
+
+    checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
+    a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt.
+    Returns (state_dict in fp32 with SPEC 5 keys, job_config dict or None, args dict or None);
+    the two dicts come from the job_config.json and args.json saved next to the checkpoint.
+    """
+    folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
+    path = os.path.join(folder, MODEL_STATES_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
+                                      "checkpoint of one model-parallel rank)")
+    saved = _torch_load(path)
+    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
+        raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
+    state = {}
+    for key, value in saved["module"].items():
+        if not torch.is_tensor(value):
+            continue
+        if value.numel() == 0:
+            raise ConversionError(f"{path}: {key} is empty; a ZeRO stage 3 checkpoint keeps the weights "
+                                  "partitioned: gather them first with DeepSpeed's zero_to_fp32.py")
+        key = key[len("module."):] if key.startswith("module.") else key
+        state[key] = value.float() if value.is_floating_point() else value
+    state = from_transformer_kernel_layout(state)
+    job_config = _read_json_if_present(os.path.join(folder, "job_config.json"))
+    args = _read_json_if_present(os.path.join(folder, "args.json"))
+    logger.info("Read %d tensors from %s", len(state), path)
+    return state, job_config, args
