@@ -1,0 +1,463 @@
+"""The pre-LayerNorm BERT pretraining model (SPEC section 5) and its configuration.
+
+Owns: `BertConfig` (the `bert_model_config` of the job config) and `BertForPreTrainingPreLN`
+(embeddings, pre-LN encoder with optional progressive layer drop and activation
+checkpointing, pooler, MLM and NSP heads, the pretraining loss). Knows nothing of training:
+no optimizer, no DeepSpeed.
+
+The module tree, and therefore every `state_dict` key, is the original Bing BERT model's, so
+its checkpoints load with `strict=True`. The computation is the original's, arranged to do
+less work:
+- Q, K and V come from one matmul over the concatenated weights (the three parameters stay
+  separate so the keys stay);
+- attention is `F.scaled_dot_product_attention` with the original's additive mask;
+- bias + GELU is `F.gelu(F.linear(...))` (exact erf GELU), bias + tanh likewise;
+- the MLM head gathers the masked positions first and runs its transform (dense, GELU,
+  LayerNorm) and the tied vocab projection on those rows only; the original transformed every
+  position and selected afterwards. Row-wise ops commute with row selection, so the result is
+  the same;
+- the vocab projection and the MLM cross-entropy are one autograd function
+  (`_LinearCrossEntropy`) that keeps a single (N, V) buffer, forward and backward;
+- position embeddings are a slice of the table broadcast over the batch, not a lookup.
+"""
+import copy
+import json
+import logging
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
+
+logger = logging.getLogger(__name__)
+
+LAYER_NORM_EPS = 1e-12
+
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
+
+
+class BertConfigError(ValueError):
+    """A model configuration that cannot be built; the message names the key or file."""
+
+
+class BertConfig:
+    """Sizes, dropouts and init scale of the model (the job config's `bert_model_config`).
+
+    `BertConfig(vocab_size_or_config_json_file, ...)` takes the vocab size as an int, or a
+    path to a JSON file holding the whole configuration (as the original did).
+    """
+
+    FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+              "max_position_embeddings", "type_vocab_size", "initializer_range")
+
+    def __init__(self, vocab_size_or_config_json_file, hidden_size=768, num_hidden_layers=12,
+                 num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                 hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02):
+        if isinstance(vocab_size_or_config_json_file, str):
+            loaded = BertConfig.from_json_file(vocab_size_or_config_json_file)
+            self.__dict__.update(loaded.__dict__)
+            return
+        if isinstance(vocab_size_or_config_json_file, bool) or not isinstance(vocab_size_or_config_json_file, int):
+            raise BertConfigError(
+                "bert_model_config: vocab_size_or_config_json_file must be an int (vocab size) or "
+                f"a path to a config JSON, got {vocab_size_or_config_json_file!r}")
+        self.vocab_size = vocab_size_or_config_json_file
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        self.initializer_range = initializer_range
+        self._validate()
+
+    def _validate(self):
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise BertConfigError(f"bert_model_config: {key} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise BertConfigError(
+                f"bert_model_config: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise BertConfigError(
+                f"bert_model_config: hidden_act {self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise BertConfigError(f"bert_model_config: {key} must be in [0, 1), got {value!r}")
+        if not isinstance(self.initializer_range, (int, float)) or self.initializer_range <= 0:
+            raise BertConfigError(
+                f"bert_model_config: initializer_range must be > 0, got {self.initializer_range!r}")
+
+    @classmethod
+    def from_dict(cls, json_object):
+        """Build from a dict with `vocab_size_or_config_json_file` (or `vocab_size`) and FIELDS."""
+        if not isinstance(json_object, dict):
+            raise BertConfigError(f"bert_model_config must be a JSON object, got {type(json_object).__name__}")
+        values = dict(json_object)
+        vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
+        if not vocab_keys:
+            raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
+        vocab_size = values.pop(vocab_keys[0])
+        for key in vocab_keys[1:]:
+            values.pop(key)
+        unknown = sorted(set(values) - set(cls.FIELDS))
+        if unknown:
+            raise BertConfigError(
+                f"bert_model_config: unknown key(s) {unknown}; expected vocab_size_or_config_json_file "
+                f"and any of {list(cls.FIELDS)}")
+        if isinstance(vocab_size, str):
+            raise BertConfigError("bert_model_config: vocab_size_or_config_json_file must be an int inside a dict")
+        return cls(vocab_size, **values)
+
+    @classmethod
+    def from_json_file(cls, json_file):
+        try:
+            with open(json_file, encoding="utf-8") as reader:
+                json_object = json.load(reader)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"model config {json_file}: file not found") from None
+        except json.JSONDecodeError as e:
+            raise BertConfigError(f"model config {json_file}: not valid JSON ({e})") from None
+        try:
+            return cls.from_dict(json_object)
+        except BertConfigError as e:
+            raise BertConfigError(f"model config {json_file}: {e}") from None
+
+    def to_dict(self):
+        return copy.deepcopy(self.__dict__)
+
+    def to_json_string(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def __repr__(self):
+        return self.to_json_string()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of `hidden @ weight.T + bias` (N, V) against `target` (N,); 0 for N = 0.
+
+    Same value and gradients as `F.cross_entropy(F.linear(hidden, weight, bias), target)`, but
+    the vocab-sized scores exist once: log-softmax runs in place on them and the backward turns
+    them into softmax - one_hot in place, where the autograd path allocates three more (N, V)
+    buffers (log-probs, a zeroed NLL gradient, the log-softmax gradient). On CPU those fresh
+    buffers cost more in page faults than the arithmetic on them.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target):
+        scores = torch.addmm(bias, hidden, weight.t())  # (N, V)
+        log_probs = torch.log_softmax(scores, -1, out=scores)  # row by row, so safe in place
+        ctx.save_for_backward(hidden, weight, log_probs, target)
+        # sum / max(N, 1): with no target the loss is 0 (not NaN) and every gradient is 0.
+        return -log_probs.gather(1, target[:, None]).sum() / max(target.numel(), 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        hidden, weight, log_probs, target = ctx.saved_tensors
+        grad_scores = log_probs.exp_()  # softmax, reusing the saved buffer
+        grad_scores[torch.arange(target.numel(), device=target.device), target] -= 1.0
+        grad_scores.mul_(grad_loss / max(target.numel(), 1))
+        grad_scores = grad_scores.to(hidden.dtype)  # scores may be lower precision under autocast
+        grad_hidden = grad_scores @ weight.to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        # (autograd casts each gradient to its input's dtype)
+        grad_weight = grad_scores.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad_scores.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None
+
+
+def _extended_attention_mask(input_mask, dtype):
+    """(B, L) 1/0 mask -> (B, 1, 1, L) additive mask: 0 to attend, -10000 to ignore."""
+    mask = input_mask[:, None, None, :].to(dtype=dtype)
+    return (1.0 - mask) * -10000.0
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        seq_length = input_ids.size(1)
+        if seq_length > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence length {seq_length} exceeds max_position_embeddings "
+                             f"{self.position_embeddings.num_embeddings}")
+        # Positions 0..L-1 are the same for every row: add the table slice, broadcast over B.
+        embeddings = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+                      + self.position_embeddings.weight[:seq_length])
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, hidden_states, attention_mask):
+        B, L, H = hidden_states.shape
+        weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))  # (3H, H)
+        bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
+        qkv = F.linear(hidden_states, weight, bias)  # (B, L, 3H)
+        # Views only: (B, L, 3, heads, d) -> three (B, heads, L, d) strided tensors.
+        q, k, v = qkv.view(B, L, 3, self.num_attention_heads, self.attention_head_size).unbind(2)
+        context = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attention_mask,
+            dropout_p=self.dropout_p if self.training else 0.0)  # (B, heads, L, d)
+        return context.transpose(1, 2).reshape(B, L, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.dense(hidden_states))
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden_states, attention_mask):
+        return self.output(self.self(hidden_states, attention_mask))
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense_act = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.act(self.dense_act(hidden_states))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.dense(hidden_states))
+
+
+class BertLayer(nn.Module):
+    """x + Dropout(Attn(LN(x))), then h + Dropout(FFN(LN(h))); branches scaled by 1/keep_prob."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.PreAttentionLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
+        self.PostAttentionLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden_states, attention_mask, keep_prob: float = 1.0):
+        # PLD: a kept layer's residual branches are scaled by 1/keep_prob so the expected
+        # output matches the full network; alpha folds the scaling into the residual add.
+        scale = 1.0 / keep_prob
+        attention_output = self.attention(self.PreAttentionLayerNorm(hidden_states), attention_mask)
+        hidden_states = torch.add(hidden_states, attention_output, alpha=scale)
+        ffn_output = self.output(self.intermediate(self.PostAttentionLayerNorm(hidden_states)))
+        return torch.add(hidden_states, ffn_output, alpha=scale)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config, checkpoint_activations=False):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+        self.FinalLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
+        self.checkpoint_activations = checkpoint_activations
+        self.last_layers_run = 0  # layers computed by the last forward (PLD skips some)
+
+    def keep_probabilities(self, theta):
+        """PLD keep probability of each layer: p_i = 1 - i * (1 - theta) / L, i from 0."""
+        num_layers = len(self.layer)
+        return [1.0 - i * (1.0 - theta) / num_layers for i in range(num_layers)]
+
+    def forward(self, hidden_states, attention_mask, pld_theta: Optional[float] = None):
+        drop_layers = self.training and pld_theta is not None
+        keep_probs = self.keep_probabilities(pld_theta) if drop_layers else [1.0] * len(self.layer)
+        layers_run = 0
+        for layer_module, keep_prob in zip(self.layer, keep_probs):
+            # Only layers that can be dropped draw from the RNG, so theta = 1 consumes none
+            # and reproduces a run without PLD. The CPU generator keeps this free of device syncs.
+            if keep_prob < 1.0 and torch.rand(()).item() >= keep_prob:
+                continue  # dropped: the layer passes its input through
+            layers_run += 1
+            if self.checkpoint_activations and self.training:
+                hidden_states = checkpoint(layer_module, hidden_states, attention_mask, keep_prob,
+                                           use_reentrant=False)
+            else:
+                hidden_states = layer_module(hidden_states, attention_mask, keep_prob)
+        self.last_layers_run = layers_run
+        return self.FinalLayerNorm(hidden_states)
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense_act = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states):
+        return torch.tanh(self.dense_act(hidden_states[:, 0]))  # (B, H) from [CLS]
+
+
+class BertModel(nn.Module):
+    def __init__(self, config, checkpoint_activations=False):
+        super().__init__()
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config, checkpoint_activations)
+        self.pooler = BertPooler(config)
+
+    def forward(self, input_ids, token_type_ids, attention_mask, pld_theta=None):
+        """-> (sequence_output (B, L, H) after FinalLayerNorm, pooled_output (B, H))."""
+        embedding_output = self.embeddings(input_ids, token_type_ids)
+        extended_mask = _extended_attention_mask(attention_mask, embedding_output.dtype)
+        sequence_output = self.encoder(embedding_output, extended_mask, pld_theta)
+        return sequence_output, self.pooler(sequence_output)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense_act = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = _ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
+
+    def forward(self, hidden_states):
+        return self.LayerNorm(self.act(self.dense_act(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config, word_embedding_weight):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embedding_weight  # tied: one tensor, two names
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states):
+        """(..., H) -> (..., V) vocab scores."""
+        return F.linear(self.transform(hidden_states), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config, word_embedding_weight):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embedding_weight)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output):
+        return self.predictions(sequence_output), self.seq_relationship(pooled_output)
+
+
+def _check_model_flags(args):
+    """Reject model options this build cannot honour, before any weights are allocated."""
+    if getattr(args, "deepspeed_transformer_kernel", False):
+        if getattr(args, "deepspeed_sparse_attention", False):
+            raise ValueError("--deepspeed_transformer_kernel and --deepspeed_sparse_attention "
+                             "cannot be combined; choose one")
+        if not torch.cuda.is_available():
+            raise ValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused "
+                             "transformer layer); none is available")
+        raise NotImplementedError("--deepspeed_transformer_kernel is not supported yet")
+    if getattr(args, "deepspeed_sparse_attention", False):
+        raise NotImplementedError("--deepspeed_sparse_attention is not supported yet")
+
+
+class BertForPreTrainingPreLN(nn.Module):
+    """BERT with the MLM and NSP heads; `forward(batch)` returns the pretraining loss.
+
+    `batch` is (batch_type, input_ids, input_mask, segment_ids, next_sentence_labels,
+    masked_lm_labels), a `turing.batch.Batch` or any sequence in that order; labels -1 are
+    ignored. With labels, returns CE(MLM over the masked positions) + CE(NSP); a batch with
+    no masked position contributes 0 for the MLM term (instead of the NaN a mean over nothing
+    gives). With `masked_lm_labels` None, returns (prediction_scores (B, L, V), nsp_scores (B, 2)).
+    Keyword arguments: `progressive_layer_drop` and `pld_theta`, which DeepSpeed's engine adds
+    when PLD is on (layers drop only in training); any other keyword is ignored.
+    `args` flags read: checkpoint_activations, deepspeed_transformer_kernel,
+    deepspeed_sparse_attention (the last two are not supported yet and raise).
+    """
+
+    def __init__(self, config, args=None):
+        super().__init__()
+        _check_model_flags(args)
+        self.config = config
+        checkpoint_activations = bool(getattr(args, "checkpoint_activations", False))
+        self.bert = BertModel(config, checkpoint_activations)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
+        self._init_weights()
+
+    def _init_weights(self):
+        std = self.config.initializer_range
+        # The dense layers that write into the residual stream start smaller (GPT-2 style).
+        residual_std = std / math.sqrt(2.0 * self.config.num_hidden_layers)
+        residual_denses = {id(m.dense) for m in self.modules() if isinstance(m, (BertSelfOutput, BertOutput))}
+        for module in self.modules():
+            if module is self.cls.predictions.decoder:
+                continue  # tied: its weight is the word embedding, initialised there
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, residual_std if id(module) in residual_denses else std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, batch, **kwargs):
+        input_ids, input_mask, segment_ids = batch[1], batch[2], batch[3]
+        next_sentence_labels, masked_lm_labels = batch[4], batch[5]
+        pld_theta = None
+        if kwargs.get("progressive_layer_drop", False):
+            pld_theta = kwargs.get("pld_theta")
+            if pld_theta is None or not 0.0 < float(pld_theta) <= 1.0:
+                raise ValueError(f"progressive_layer_drop needs pld_theta in (0, 1], got {pld_theta!r}")
+            pld_theta = float(pld_theta)
+
+        sequence_output, pooled_output = self.bert(input_ids, segment_ids, input_mask, pld_theta)
+        if masked_lm_labels is None or next_sentence_labels is None:
+            return self.cls(sequence_output, pooled_output)
+
+        # Gather the masked rows first: the transform and the vocab projection see only them.
+        flat_labels = masked_lm_labels.reshape(-1)
+        masked_positions = torch.nonzero(flat_labels != -1).squeeze(1)  # (N,)
+        masked_output = sequence_output.reshape(-1, sequence_output.size(-1)).index_select(0, masked_positions)
+        predictions = self.cls.predictions
+        masked_lm_loss = _LinearCrossEntropy.apply(
+            predictions.transform(masked_output), predictions.decoder.weight, predictions.bias,
+            flat_labels.index_select(0, masked_positions))
+        nsp_scores = self.cls.seq_relationship(pooled_output)
+        next_sentence_loss = F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
+        return masked_lm_loss + next_sentence_loss
+
+    def predict(self, input_ids, segment_ids, input_mask):
+        """Scores for every position: (prediction_scores (B, L, V), nsp_scores (B, 2))."""
+        sequence_output, pooled_output = self.bert(input_ids, segment_ids, input_mask)
+        return self.cls(sequence_output, pooled_output)

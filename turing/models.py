@@ -1,0 +1,94 @@
+"""`BertMultiTask`: the model as the training script holds it.
+
+Owns: building `BertForPreTrainingPreLN` from the job config's `bert_model_config` and the
+vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
+says), the device the batches go to, and plain state-dict save/load of the network.
+After `deepspeed.initialize` the training script replaces `.network` by the engine; the
+methods here work with either.
+"""
+import logging
+import os
+
+import torch
+
+from turing.batch import Batch
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.tokenization import load_vocab, vocab_size_padded
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A weights file that does not fit the model; the message names the file."""
+
+
+class BertMultiTask:
+    def __init__(self, args):
+        job_config = args.config
+        if "bert_model_config" not in job_config:
+            raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
+        self.config = BertConfig.from_dict(job_config["bert_model_config"])
+        vocab = load_vocab(args.vocab_file)
+        # Ids are line numbers, so the highest id (not the dict size, which merges duplicate
+        # lines) sets the embedding rows; padded to 8 for tensor-core friendly shapes.
+        file_vocab_size = max(vocab.values()) + 1 if vocab else 0
+        if file_vocab_size == 0:
+            raise BertConfigError(f"vocab file {args.vocab_file}: empty, expected one token per line")
+        self.config.vocab_size = vocab_size_padded(file_vocab_size)
+        logger.info("Model vocab size %d (vocab file %s has %d tokens)",
+                    self.config.vocab_size, args.vocab_file, file_vocab_size)
+        self.network = BertForPreTrainingPreLN(self.config, args)
+        self.device = torch.device("cpu")
+
+    def _module(self):
+        """The bare model, also when `.network` is a DeepSpeed engine wrapping it."""
+        return getattr(self.network, "module", self.network)
+
+    def set_device(self, device):
+        self.device = torch.device(device)
+
+    def save(self, filename):
+        torch.save(self._module().state_dict(), filename)
+
+    def load(self, state_dict_file):
+        if not os.path.isfile(state_dict_file):
+            raise FileNotFoundError(f"model weights {state_dict_file}: file not found")
+        try:
+            state_dict = torch.load(state_dict_file, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types for a file it cannot read
+            raise CheckpointError(f"model weights {state_dict_file}: not a torch state dict ({e})") from None
+        if not isinstance(state_dict, dict):
+            raise CheckpointError(f"model weights {state_dict_file}: expected a state dict, "
+                                  f"got {type(state_dict).__name__}")
+        model = self._module()
+        expected = set(model.state_dict())
+        missing = sorted(expected - set(state_dict))
+        unexpected = sorted(set(state_dict) - expected)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"model weights {state_dict_file}: keys do not match the model "
+                f"(missing: {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
+                f"unexpected: {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''})")
+        try:
+            model.load_state_dict(state_dict, strict=True)
+        except RuntimeError as e:  # shape mismatches
+            raise CheckpointError(f"model weights {state_dict_file}: {e}") from None
+
+    def move_batch(self, batch, non_blocking=False):
+        moved = [t.to(self.device, non_blocking=non_blocking) if torch.is_tensor(t) else t for t in batch]
+        return Batch(*moved) if isinstance(batch, Batch) else type(batch)(moved)
+
+    def eval(self):
+        self.network.eval()
+
+    def train(self):
+        self.network.train()
+
+    def to(self, device):
+        self.network.to(device)
+        self.set_device(device)
+        return self
+
+    def half(self):
+        self.network.half()
+        return self
