@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from turing.lamb import find_lamb_coeffs
 from turing.tokenization import load_vocab, vocab_size_padded
 from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
 
@@ -145,6 +146,9 @@ def construct_arguments(argv=None):
     if args.deepspeed_config is None:
         raise InputError("--deepspeed_config is required (a DeepSpeed JSON config, e.g. ds_config.json)")
     args.ds_config = _read_json(args.deepspeed_config, "DeepSpeed config (--deepspeed_config)")
+    if args.progressive_layer_drop and "progressive_layer_drop" not in args.ds_config:
+        raise InputError(f"{args.deepspeed_config}: --progressive_layer_drop needs a 'progressive_layer_drop' "
+                         f"block ({{\"enabled\": true, \"theta\": 0.5, \"gamma\": 0.001}})")
     if args.max_predictions_per_seq > args.max_seq_length:
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
                          f"--max_seq_length {args.max_seq_length}")
@@ -245,26 +249,68 @@ def _check_optimizer_support(ds_config, path):
 
     on_cuda = get_accelerator().device_name() == "cuda"
     opt_type = ds_config.get("optimizer", {}).get("type", "")
-    if opt_type.lower() == "lamb" and not on_cuda:
-        raise InputError(f"{path}: optimizer 'Lamb' is DeepSpeed's FusedLamb, which needs CUDA; "
-                         f"use AdamW on this machine (see configs/tiny/ds_config.json)")
     if opt_type.lower() in ONEBIT_OPTIMIZERS and not on_cuda:
         raise InputError(f"{path}: optimizer '{opt_type}' needs CUDA and cupy; use AdamW on this machine")
     if ds_config.get("fp16", {}).get("enabled") and not on_cuda:
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
 
 
+def load_pretrained_weights(args, network):
+    """--use_pretrain: start from `bert_model_file`, which is a state dict with the original's
+    key names (.pt/.bin), a checkpoint folder of ours (its `latest` tag, or a tag folder), or
+    a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
+    be missing (an export drops them); they keep their fresh initialisation."""
+    from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_hf_folder
+
+    name = args.config.get("bert_model_file") or ""
+    path = next((p for p in (name, os.path.join(args.data_path_prefix, name)) if name and os.path.exists(p)), None)
+    if path is None:
+        raise InputError(f"{args.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
+                         f"a state dict file, a checkpoint folder of this project or a Hugging Face export")
+    if is_hf_folder(path):
+        state_dict, _ = load_hf_folder(path)
+    elif os.path.isdir(path):
+        state_dict, _, _ = load_checkpoint_state(path)
+    else:
+        try:
+            state_dict = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types for a file it cannot read
+            raise InputError(f"{path}: not a torch state dict ({e})") from None
+        state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
+        if not isinstance(state_dict, dict):
+            raise InputError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
+    own = network.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise InputError(f"{path}: shapes differ from bert_model_config and the vocab: {', '.join(wrong[:4])}")
+    missing, unexpected = network.load_state_dict(state_dict, strict=False)
+    missing = [k for k in missing if k not in HF_MISSING_KEYS]
+    if missing or unexpected:
+        raise InputError(f"{path}: weights do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    logger.info("Started from pretrained weights %s", path)
+
+
 def prepare_model_optimizer(args):
     """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer)."""
     import deepspeed
 
+    from turing.lamb import build_lamb_if_needed
     from turing.models import BertMultiTask
 
     _check_optimizer_support(args.ds_config, args.deepspeed_config)
     model = BertMultiTask(args)
+    if args.use_pretrain:
+        load_pretrained_weights(args, model.network)
     groups = prepare_optimizer_parameters(args, model)
-    model.network, optimizer, _, _ = deepspeed.initialize(args=args, model=model.network,
-                                                          model_parameters=groups)
+    # Blocks DeepSpeed 0.19 no longer knows (and refuses) are ours to read: sparse attention
+    # (the model builds it) and progressive layer drop (theta computed in RunContext).
+    engine_config = {k: v for k, v in args.ds_config.items()
+                     if k not in ("sparse_attention", "progressive_layer_drop")}
+    # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op.
+    optimizer, engine_config = build_lamb_if_needed(engine_config, groups)
+    model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
+                                                          optimizer=optimizer, config=engine_config)
     engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
     if engine_sizes != (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps):
         raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "
@@ -511,14 +557,14 @@ class Reporter:
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
 
-    def step(self, state, lr, loss, data_wait, engine):
+    def step(self, state, lr, loss, data_wait, engine, ctx):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
         if self.writer is not None:
-            coeffs = _lamb_coeffs(engine.optimizer)
+            coeffs = find_lamb_coeffs(engine)
             if coeffs:
                 self.writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), state.global_step)
             if self.args.progressive_layer_drop:
-                self.writer.add_scalar("Train/pld_theta", engine.get_pld_theta(), state.global_step)
+                self.writer.add_scalar("Train/pld_theta", ctx.pld_theta(state.global_step - 1), state.global_step)
         start, samples, waited = self.window
         samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * \
             get_rank_and_world()[1]
@@ -561,15 +607,6 @@ class Reporter:
         self.flush()
         if self.writer is not None:
             self.writer.close()
-
-
-def _lamb_coeffs(optimizer):
-    """Trust ratios of the last LAMB step (DeepSpeed's FusedLamb or ours), through wrappers."""
-    for _ in range(3):
-        if hasattr(optimizer, "get_lamb_coeffs"):
-            return optimizer.get_lamb_coeffs()
-        optimizer = getattr(optimizer, "optimizer", None)
-    return None
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
@@ -771,7 +808,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
         waited = time.time()
         batch = model.move_batch(pretrain_dataset_provider.get_batch(next(ref_iter)), non_blocking=True)
         data_wait += time.time() - waited
-        loss = engine(batch, **ctx.pld_kwargs())
+        loss = engine(batch, **ctx.pld_kwargs(state.global_step))
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         state.global_data_samples += samples_per_micro
         state.epoch_micro_step += 1
@@ -791,7 +828,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
             engine.step()
             state.global_step += 1
             epoch_steps += 1
-            reporter.step(state, lr, step_loss, data_wait, engine)
+            reporter.step(state, lr, step_loss, data_wait, engine, ctx)
         step_loss, data_wait = None, 0.0
         if signum:
             bar.close()
@@ -849,10 +886,16 @@ class RunContext:
         """The run state with this session's training time added (for a checkpoint)."""
         return dataclasses.replace(state, train_seconds=self.session_base + time.time() - self.session_start)
 
-    def pld_kwargs(self):
+    def pld_theta(self, step):
+        """Progressive layer drop keep-rate: theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
+        block = self.args.ds_config["progressive_layer_drop"]
+        theta_bar, gamma = block.get("theta", 0.5), block.get("gamma", 0.001)
+        return (1.0 - theta_bar) * math.exp(-gamma * step) + theta_bar
+
+    def pld_kwargs(self, step):
         if not self.args.progressive_layer_drop:
             return {}
-        return {"progressive_layer_drop": True, "pld_theta": self.engine.get_pld_theta()}
+        return {"progressive_layer_drop": True, "pld_theta": self.pld_theta(step)}
 
 
 def run(args, model, optimizer, start_epoch, state, provider, reporter, ctx):

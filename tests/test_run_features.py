@@ -1,0 +1,137 @@
+"""Engine and ecosystem features through the real entry point (in-process, one rank):
+portable LAMB with bf16 and progressive layer drop, the time budget, --use_pretrain from
+each source, and the metrics written to TensorBoard."""
+import json
+import os
+
+import pytest
+import torch
+
+import deepspeed_train
+from tests.launch import TINY_CFG
+from tests.synthetic import make_data_root
+from turing.tb_events import read_run
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("feature_data")
+    make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
+    return root
+
+
+def ds_config(tmp_path, **extra):
+    config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True}}, "gradient_clipping": 1.0}
+    config.update(extra)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def job_config(tmp_path, **extra):
+    config = json.load(open(TINY_CFG))
+    config.update(extra)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def train(data_root, out, ds, *extra, cf=TINY_CFG):
+    return deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds), "--output_dir", str(out),
+                                 "--data_path_prefix", str(data_root), "--max_seq_length", "128",
+                                 "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1",
+                                 "--log_level", "warning", *[str(x) for x in extra]])
+
+
+def scalars(out):
+    return read_run(os.path.join(out, "runs", "tiny_bert"))
+
+
+def test_lamb_on_cpu_with_bf16_and_progressive_layer_drop(data_root, tmp_path):
+    lamb = {"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01, "bias_correction": False,
+                                       "max_coeff": 0.3, "min_coeff": 0.01}}
+    ds = ds_config(tmp_path, optimizer=lamb, bf16={"enabled": True},
+                   progressive_layer_drop={"enabled": True, "theta": 0.5, "gamma": 0.1})
+    state = train(data_root, tmp_path / "out", ds, "--progressive_layer_drop")
+    assert state.global_step == 8
+    values, others = scalars(tmp_path / "out")
+    assert others["Train/lamb_coeffs"] == list(range(1, 9))             # a histogram every step
+    theta = [v for _, v in values["Train/pld_theta"]]
+    assert theta[0] == pytest.approx(1.0) and theta[-1] == pytest.approx(0.5 * torch.exp(torch.tensor(-0.7)).item() + 0.5)
+    assert all(a > b for a, b in zip(theta, theta[1:]))                  # theta falls every step
+    losses = [v for _, v in values["Train/Samples/train_loss"]]
+    assert losses[-1] < losses[0]
+
+
+def test_time_budget_stops_cleanly_and_resume_keeps_elapsed(data_root, tmp_path):
+    ds = ds_config(tmp_path)
+    out = tmp_path / "out"
+    valid = os.path.join(data_root, "nvidia", "128")
+    state = train(data_root, out, ds, "--max_train_hours", 1e-9, "--validation_data_path_prefix", valid)
+    assert state.global_step == 1                                        # stopped after the first step
+    ckpt = out / "saved_models" / "tiny_bert"
+    assert open(ckpt / "latest").read() == "step1"
+    client = torch.load(ckpt / "step1" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert client["train_seconds"] > 0 and client["epoch_micro_step"] == 1
+    assert [s for s, _ in scalars(out)[0]["Validation/Loss"]] == [1]   # validated before stopping
+    # The budget is spent: a resumed run does one step and stops again, the elapsed time grows.
+    state = train(data_root, out, ds, "--max_train_hours", 1e-9, "--auto_resume")
+    assert state.global_step == 2
+    again = torch.load(ckpt / "step2" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert again["train_seconds"] > client["train_seconds"]
+
+
+def test_metrics_in_tensorboard(data_root, tmp_path):
+    training = json.load(open(TINY_CFG))["mixed_seq_training"]
+    training["128"]["num_epochs"] = 5                                   # 20 steps: one throughput report
+    cf = job_config(tmp_path, mixed_seq_training=training)
+    train(data_root, tmp_path / "out", ds_config(tmp_path), "--validation_data_path_prefix",
+          os.path.join(data_root, "nvidia", "128"), cf=cf)
+    values, others = scalars(tmp_path / "out")
+    for tag in ("Train/samples_per_sec", "Train/tokens_per_sec", "Train/data_wait_fraction"):
+        assert [s for s, _ in values[tag]] == [20], tag
+    assert 0 <= values["Train/data_wait_fraction"][0][1] < 1
+    for tag in ("Validation/Loss", "Validation/MLM_accuracy", "Validation/NSP_accuracy"):
+        assert tag in values
+    assert any(t.startswith("config") for t in others)
+
+
+@pytest.fixture(scope="module")
+def trained(data_root, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pretrained")
+    train(data_root, tmp / "out", ds_config(tmp), "--max_steps", 4)
+    return tmp / "out" / "saved_models" / "tiny_bert"
+
+
+def _first_loss(data_root, tmp_path, bert_model_file):
+    cf = job_config(tmp_path, bert_model_file=str(bert_model_file))
+    train(data_root, tmp_path / "out", ds_config(tmp_path), "--max_steps", 1, "--use_pretrain", cf=cf)
+    return scalars(tmp_path / "out")[0]["Train/Samples/train_loss"][0][1]
+
+
+def test_use_pretrain_from_checkpoint_state_dict_and_hf_export(data_root, trained, tmp_path):
+    from tools.export_hf import export
+
+    from_ckpt = _first_loss(data_root, tmp_path / "ckpt", trained)
+    module = torch.load(trained / "epoch1_step4" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    torch.save(module, tmp_path / "weights.pt")
+    from_file = _first_loss(data_root, tmp_path / "file", tmp_path / "weights.pt")
+    export(str(trained), str(tmp_path / "hf"))
+    from_hf = _first_loss(data_root, tmp_path / "hf_run", tmp_path / "hf")
+    assert from_ckpt == from_file                         # the same weights either way
+    assert from_hf == pytest.approx(from_ckpt, abs=0.02)  # pooler/NSP head re-initialised
+    # a pretrained start has a clearly lower first loss than a fresh model (about 5.2)
+    assert from_ckpt < 5.1
+
+
+def test_use_pretrain_rejects_a_file_that_is_not_weights(data_root, tmp_path, capsys):
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a state dict")
+    cf = job_config(tmp_path, bert_model_file=str(junk))
+    with pytest.raises(SystemExit) as exit_info:
+        train(data_root, tmp_path / "out", ds_config(tmp_path), "--use_pretrain", cf=cf)
+    assert exit_info.value.code == 2
+    assert "junk.pt: not a torch state dict" in capsys.readouterr().err
