@@ -731,10 +731,15 @@ def agreed_step_count(local_count, device):
 
 class StopSignals:
     """SIGTERM/SIGINT: the first asks for a checkpoint at the end of the current optimizer
-    step; a second one exits at once."""
+    step; a second one exits at once. Copies arriving within REPEAT_WINDOW seconds of the
+    first are the same request: a scheduler signalling the whole process group reaches a
+    rank twice, directly and through the deepspeed launcher, which forwards SIGTERM."""
+
+    REPEAT_WINDOW = 2.0
 
     def __init__(self):
         self.received = None
+        self.received_at = None
         self._previous = {}
 
     def install(self):
@@ -747,8 +752,10 @@ class StopSignals:
 
     def _handle(self, signum, frame):
         if self.received is not None:
+            if time.time() - self.received_at < self.REPEAT_WINDOW:
+                return
             os._exit(128 + signum)
-        self.received = signum
+        self.received, self.received_at = signum, time.time()
         logger.warning("Received %s: stopping after this optimizer step with a checkpoint "
                        "(send it again to exit at once)", signal.Signals(signum).name)
 

@@ -99,3 +99,91 @@ def test_missing_checkpoint_tag_is_one_line_error(phase1, data_root, tmp_path):
     assert "checkpoint tag 'epoch9_step999' not found" in result.stderr
     assert "epoch1_step30" in result.stderr  # lists the tags that exist
     assert "Traceback" not in result.stderr
+
+
+def _start(train_args, out_file):
+    """Start a launcher run in its own process group, output to a file."""
+    import subprocess
+
+    from tests.launch import REPO, launcher_cmd
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = launcher_cmd(1) + [os.path.join(REPO, "deepspeed_train.py")] + [str(a) for a in train_args]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_for_step(proc, out_file, step, timeout=300):
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = progress(open(out_file).read())
+        if rows and rows[-1][0] >= step:
+            return rows[-1][0]
+        assert proc.poll() is None, open(out_file).read()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_sigkill_then_auto_resume_reproduces_the_uninterrupted_losses(phase1, data_root, tmp_path):
+    import signal
+
+    _, reference_log = phase1
+    reference = {step: loss for step, loss, _, _ in progress(reference_log)}
+    args = tiny_args(data_root, tmp_path / "out", 128, "--print_steps", 1, "--checkpoint_every_steps", 10,
+                     "--auto_resume", "--validation_data_path_prefix", os.path.join(data_root, "nvidia", "128"))
+    proc = _start(args, tmp_path / "killed.log")
+    _wait_for_step(proc, tmp_path / "killed.log", 25)
+    os.killpg(proc.pid, signal.SIGKILL)       # no chance to clean up, like a lost node
+    proc.wait()
+    latest = open(tmp_path / "out" / "saved_models" / "tiny_bert" / "latest").read()
+    assert latest == "step20" or latest == "epoch1_step30"
+    result = launch(args)                     # the very same command
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    resumed = progress(log)
+    assert resumed[0][0] == int(latest.split("step")[-1]) + 1 and resumed[-1][0] == 60
+    assert all(loss == pytest.approx(reference[step], abs=1e-6) for step, loss, _, _ in resumed)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_nonzero(data_root, tmp_path):
+    import signal
+
+    args = tiny_args(data_root, tmp_path / "out", 128, "--print_steps", 1)
+    import time
+
+    proc = _start(args, tmp_path / "run.log")
+    _wait_for_step(proc, tmp_path / "run.log", 3)
+    # As a scheduler does: SIGTERM to the whole job (launcher and rank; the launcher forwards it too)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    deadline = time.time() + 120
+    while time.time() < deadline:             # until every process of the job has ended
+        try:
+            os.killpg(proc.pid, 0)
+            time.sleep(0.2)
+        except ProcessLookupError:
+            break
+    log = open(tmp_path / "run.log").read()
+    assert "stopped by SIGTERM; checkpoint of global step" in log
+    folder = tmp_path / "out" / "saved_models" / "tiny_bert"
+    tag = open(folder / "latest").read()
+    assert tag.startswith("step") and (folder / tag / "checkpoint_complete.json").is_file()
+
+
+def test_two_ranks_unequal_shards_with_validation(tmp_path):
+    # rank 0 reads an 80-sample shard (5 micro-batches), rank 1 a 48-sample one (3): both run 3
+    root = make_data_root(str(tmp_path / "data"), seq_lengths=(128,), shard_sizes=[80, 48], n_valid=32)
+    result = launch(tiny_args(root, tmp_path / "out", 128, "--print_steps", 1,
+                              "--validation_data_path_prefix", os.path.join(root, "nvidia", "128")),
+                    num_ranks=2, timeout=400)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert [r[0] for r in progress(log)] == list(range(1, 7))
+    assert "runs 3 like the shortest rank (32 samples unused)" in log
+    assert log.count("Validation epoch") == 2
+    assert sorted(os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")) == \
+        ["epoch1_step3", "epoch2_step6", "latest"]

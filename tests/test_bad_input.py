@@ -1,0 +1,161 @@
+"""Each bad input gives one error line naming the file or key and what was expected,
+exit code 2, no traceback, and nothing already written is touched."""
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+import deepspeed_train
+from tests.launch import TINY_CFG, TINY_DS
+from tests.synthetic import make_data_root
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_input_data")
+    make_data_root(str(root), seq_lengths=(128,), n_train=64, shards=1, n_valid=8)
+    return root
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def run_expect_error(capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        deepspeed_train.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert stop.value.code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def argv(data_root, out, cf=TINY_CFG, ds=TINY_DS, *extra, nvidia=True):
+    args = ["--cf", cf, "--deepspeed", "--deepspeed_config", ds, "--output_dir", out, "--data_path_prefix", data_root,
+            "--max_seq_length", 128, "--max_predictions_per_seq", 20, "--log_level", "warning", *extra]
+    return args + (["--use_nvidia_dataset"] if nvidia else [])
+
+
+def tiny_config():
+    return json.load(open(TINY_CFG))
+
+
+def test_job_config_not_json(capsys, data_root, tmp_path):
+    bad = tmp_path / "job.json"
+    bad.write_text('{\n  "name": "x",\n  "bert_token_file": vocab.txt\n}')
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", bad))
+    assert str(bad) in line and "not valid JSON" in line and "line 3" in line
+
+
+def test_missing_config_key(capsys, data_root, tmp_path):
+    config = tiny_config()
+    del config["mixed_seq_training"]["128"]["learning_rate"]
+    cf = write_json(tmp_path / "job.json", config)
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", cf))
+    assert "missing key 'training.learning_rate'" in line and "mixed_seq_training.128" in line
+
+
+def test_sequence_length_without_config_entry(capsys, data_root, tmp_path):
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, TINY_DS, "--max_seq_length", 256))
+    assert "no entry for --max_seq_length 256" in line and "entries: 128, 512" in line
+
+
+def test_vocab_file_missing(capsys, data_root, tmp_path):
+    cf = write_json(tmp_path / "job.json", {**tiny_config(), "bert_token_file": "nowhere/vocab.txt"})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", cf))
+    assert "bert_token_file 'nowhere/vocab.txt' not found" in line
+
+
+def test_batch_sizes_do_not_multiply(capsys, data_root, tmp_path):
+    ds = write_json(tmp_path / "ds.json", {**json.load(open(TINY_DS)), "train_batch_size": 48,
+                                           "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, ds))
+    assert "train_batch_size 48 != train_micro_batch_size_per_gpu 16 x gradient_accumulation_steps 2 x world size 1" in line
+
+
+def test_data_folder_without_shards(capsys, data_root, tmp_path):
+    empty = tmp_path / "data"
+    shutil.copytree(data_root, empty)
+    for f in os.listdir(empty / "nvidia" / "128" / "train"):
+        os.remove(empty / "nvidia" / "128" / "train" / f)
+    line = run_expect_error(capsys, argv(empty, tmp_path / "out"))
+    assert "no shard files with 'training' in the name" in line
+
+
+def _replace_shard(root, make):
+    folder = root / "nvidia" / "128" / "train"
+    for f in os.listdir(folder):
+        os.remove(folder / f)
+    make(folder / "bad_training_shard0.hdf5")
+
+
+def test_truncated_hdf5(capsys, data_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    good = sorted((data_root / "nvidia" / "128" / "train").iterdir())[0].read_bytes()
+    _replace_shard(root, lambda p: p.write_bytes(good[:len(good) // 3]))
+    line = run_expect_error(capsys, argv(root, tmp_path / "out"))
+    assert "bad_training_shard0.hdf5: cannot read hdf5 shard" in line and "truncated" in line
+
+
+def test_hdf5_with_missing_dataset_or_wrong_shape(capsys, data_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+
+    def missing(path):
+        with h5py.File(path, "w") as f:
+            f.create_dataset("input_ids", data=np.zeros((4, 128), np.int32))
+    _replace_shard(root, missing)
+    line = run_expect_error(capsys, argv(root, tmp_path / "out"))
+    assert "lacks dataset(s) input_mask" in line
+
+    def wrong_shape(path):
+        with h5py.File(path, "w") as f:
+            for key, shape in (("input_ids", (4, 128)), ("input_mask", (4, 64)), ("segment_ids", (4, 128)),
+                               ("masked_lm_positions", (4, 20)), ("masked_lm_ids", (4, 20)),
+                               ("next_sentence_labels", (4,))):
+                f.create_dataset(key, data=np.zeros(shape, np.int32))
+    _replace_shard(root, wrong_shape)
+    line = run_expect_error(capsys, argv(root, tmp_path / "out"))
+    assert "input_mask has shape (4, 64); expected (4, 128)" in line
+
+
+def test_token_ids_outside_vocab(capsys, data_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    shard = sorted((root / "nvidia" / "128" / "train").iterdir())[0]
+    with h5py.File(shard, "r+") as f:
+        ids = f["input_ids"][:]
+        ids[0, 1] = 5000
+        f["input_ids"][...] = ids
+    line = run_expect_error(capsys, argv(root, tmp_path / "out"))
+    assert "token id 5000 outside the vocab of 96 entries" in line and shard.name in line
+
+
+def test_bing_shard_with_missing_file(capsys, data_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    os.remove(root / "bing" / "128" / "wiki" / "shard_000" / "tokens_split.npy")
+    line = run_expect_error(capsys, argv(root, tmp_path / "out", nvidia=False))
+    assert "shard_000" in line and "tokens_split.npy" in line
+
+
+def test_checkpoint_folder_missing(capsys, data_root, tmp_path):
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, TINY_DS,
+                                         "--load_training_checkpoint", tmp_path / "nope", "--load_checkpoint_id", "x"))
+    assert "nope: checkpoint folder not found" in line
+
+
+def test_nothing_written_is_touched(capsys, data_root, tmp_path):
+    out = tmp_path / "out"
+    (out / "saved_models" / "tiny_bert" / "epoch1_step4").mkdir(parents=True)
+    keep = out / "saved_models" / "tiny_bert" / "epoch1_step4" / "precious.pt"
+    keep.write_bytes(b"weights")
+    cf = write_json(tmp_path / "job.json", {**tiny_config(), "bert_token_file": "missing.txt"})
+    run_expect_error(capsys, argv(data_root, out, cf))
+    assert keep.read_bytes() == b"weights" and not (out / "runs").exists()
