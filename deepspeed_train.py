@@ -279,6 +279,10 @@ def load_pretrained_weights(args, network):
         state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
         if not isinstance(state_dict, dict):
             raise InputError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
+    if getattr(network.bert.encoder, "uses_transformer_kernel", False):
+        from turing.hf_convert import to_transformer_kernel_layout
+
+        state_dict = to_transformer_kernel_layout(state_dict)
     own = network.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
              if k in own and tuple(v.shape) != tuple(own[k].shape)]
@@ -961,6 +965,9 @@ def _main(args):
         logger.info("Arguments: %s", json.dumps({k: v for k, v in vars(args).items()
                                                  if k not in ("config", "ds_config")}, default=str))
         logger.info("Job config: %s", json.dumps(args.config))
+    from turing.modeling import check_model_flags
+
+    check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
     provider = build_provider(args)  # opens and checks the data before the model is built
     reporter = ctx = None
     try:

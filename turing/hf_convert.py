@@ -5,6 +5,8 @@ Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrai
   `RobertaPreLayerNormForMaskedLM`, its `config.json` dict);
 - `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse, and
   `load_hf_folder(folder)` doing it for an exported folder (`is_hf_folder` recognises one);
+- `to_transformer_kernel_layout` / `from_transformer_kernel_layout` rename layer weights
+  between SPEC 5's names and DeepSpeed's fused transformer layer's (both ways);
 - `load_checkpoint_state(checkpoint_dir, tag)` reads a DeepSpeed checkpoint of ours (plain or
   DeepSpeed transformer-kernel layout) into an fp32 state dict with the SPEC 5 key names.
 
@@ -62,6 +64,10 @@ _KERNEL_NAMES = {
 }
 _KERNEL_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attn_qkv[wb]|"
                          + "|".join(_KERNEL_NAMES) + r")$")
+_SPEC_TO_KERNEL = {ours: kernel for kernel, ours in _KERNEL_NAMES.items()}
+_QKV_PARTS = ("query", "key", "value")
+_SPEC_LAYER_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attention\.self\.(?:query|key|value)\."
+                             r"(?:weight|bias)|" + "|".join(re.escape(n) for n in _KERNEL_NAMES.values()) + r")$")
 
 
 class ConversionError(ValueError):
@@ -361,6 +367,42 @@ def from_transformer_kernel_layout(state_dict):
                 out[f"{prefix}attention.self.{part}.{p}"] = tensor.clone()
         else:
             out[prefix + _KERNEL_NAMES[name]] = value
+    return out
+
+
+def to_transformer_kernel_layout(state_dict):
+    """Rename SPEC 5 layer parameters to DeepSpeedTransformerLayer's (the reverse of
+    `from_transformer_kernel_layout`): query/key/value weights (and biases) become attn_qkvw
+    (attn_qkvb), concatenated [query; key; value] on dim 0; the rest map one to one.
+
+    Keys outside the layers pass through; a state dict already in the kernel layout is
+    returned as is. A layer with only some of query/key/value raises ConversionError.
+    """
+    out = {}
+    parts = {}  # attn_qkv key -> {"query": tensor, ...}
+    for key, value in state_dict.items():
+        m = _SPEC_LAYER_KEY.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        prefix, name = m.group("prefix"), m.group("name")
+        if name.startswith("attention.self."):
+            part, kind = name.split(".")[2:]
+            fused = f"{prefix}attn_qkv{kind[0]}"
+            out.setdefault(fused, None)  # placeholder, so the fused tensor keeps query's place
+            parts.setdefault(fused, {})[part] = value
+        else:
+            out[prefix + _SPEC_TO_KERNEL[name]] = value
+    for fused, tensors in parts.items():
+        missing = [p for p in _QKV_PARTS if p not in tensors]
+        if missing:
+            prefix, kind = fused[:-len("attn_qkvw")], "weight" if fused.endswith("w") else "bias"
+            raise ConversionError(f"{prefix}attention.self.{missing[0]}.{kind}: missing; the kernel's "
+                                  f"{fused.rsplit('.', 1)[-1]} needs query, key and value")
+        shapes = {tuple(tensors[p].shape) for p in _QKV_PARTS}
+        if len(shapes) != 1:
+            raise ConversionError(f"{fused}: query, key and value shapes differ ({sorted(shapes)})")
+        out[fused] = torch.cat([tensors[p] for p in _QKV_PARTS], dim=0)
     return out
 
 

@@ -2,8 +2,11 @@
 
 Owns: `BertConfig` (the `bert_model_config` of the job config) and `BertForPreTrainingPreLN`
 (embeddings, pre-LN encoder with optional progressive layer drop and activation
-checkpointing, pooler, MLM and NSP heads, the pretraining loss). Knows nothing of training:
-no optimizer, no DeepSpeed.
+checkpointing, pooler, MLM and NSP heads, the pretraining loss), and the two model options
+that change how the encoder computes: block-sparse self-attention
+(`--deepspeed_sparse_attention`, `turing.sparse_attention`) and DeepSpeed's fused CUDA
+transformer layer (`--deepspeed_transformer_kernel`). `check_model_flags(args)` rejects
+option combinations this build cannot run. Knows nothing of training: no optimizer, no engine.
 
 The module tree, and therefore every `state_dict` key, is the original Bing BERT model's, so
 its checkpoints load with `strict=True`. The computation is the original's, arranged to do
@@ -19,11 +22,26 @@ less work:
 - the vocab projection and the MLM cross-entropy are one autograd function
   (`_LinearCrossEntropy`) that keeps a single (N, V) buffer, forward and backward;
 - position embeddings are a slice of the table broadcast over the batch, not a lookup.
+
+Sparse attention: one `SparseSelfAttention` (parameter-free, its layout a non-persistent
+buffer) is shared by every layer's self-attention and replaces SDPA there; state_dict keys do
+not change. It has no dropout on the attention probabilities (neither had DeepSpeed's).
+
+Transformer kernel (CUDA only): the encoder layers are DeepSpeed's `DeepSpeedTransformerLayer`,
+whose parameters are named attn_qkvw, attn_qkvb, attn_ow, ..., norm_b (the original's
+checkpoints of kernel runs have those keys). The encoder's load_state_dict accepts either
+layout and converts to its own (`turing.hf_convert`), so weights move between kernel and plain
+runs. Differences from the plain layer: the kernel's GELU is the tanh approximation, and it
+cannot scale its branches (no progressive layer drop) or be recomputed by
+torch.utils.checkpoint (its own memory flags do that job). NOT run in this project's CPU tests:
+the CUDA construction and forward are checked only through a stand-in layer with the kernel's
+parameter names, and the layout conversion by a round-trip test.
 """
 import copy
 import json
 import logging
 import math
+import os
 from typing import Optional
 
 import torch
@@ -31,6 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
+
+from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +225,9 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, config):
+    """Multi-head self-attention; dense SDPA, or block-sparse when given a SparseSelfAttention."""
+
+    def __init__(self, config, sparse_attention=None):
         super().__init__()
         self.num_attention_heads = config.num_attention_heads
         self.attention_head_size = config.hidden_size // config.num_attention_heads
@@ -213,6 +235,8 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        # Shared by all layers; no parameters or persistent buffers, so no state_dict keys.
+        self.sparse_attention = sparse_attention
 
     def forward(self, hidden_states, attention_mask):
         B, L, H = hidden_states.shape
@@ -221,9 +245,13 @@ class BertSelfAttention(nn.Module):
         qkv = F.linear(hidden_states, weight, bias)  # (B, L, 3H)
         # Views only: (B, L, 3, heads, d) -> three (B, heads, L, d) strided tensors.
         q, k, v = qkv.view(B, L, 3, self.num_attention_heads, self.attention_head_size).unbind(2)
-        context = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attention_mask,
-            dropout_p=self.dropout_p if self.training else 0.0)  # (B, heads, L, d)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, L, d)
+        if self.sparse_attention is not None:
+            # The additive (B, 1, 1, L) mask doubles as the key padding mask (0 = real key).
+            context = self.sparse_attention(q, k, v, key_padding_mask=attention_mask)
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, dropout_p=self.dropout_p if self.training else 0.0)
         return context.transpose(1, 2).reshape(B, L, H)
 
 
@@ -238,9 +266,9 @@ class BertSelfOutput(nn.Module):
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, sparse_attention=None):
         super().__init__()
-        self.self = BertSelfAttention(config)
+        self.self = BertSelfAttention(config, sparse_attention)
         self.output = BertSelfOutput(config)
 
     def forward(self, hidden_states, attention_mask):
@@ -270,9 +298,9 @@ class BertOutput(nn.Module):
 class BertLayer(nn.Module):
     """x + Dropout(Attn(LN(x))), then h + Dropout(FFN(LN(h))); branches scaled by 1/keep_prob."""
 
-    def __init__(self, config):
+    def __init__(self, config, sparse_attention=None):
         super().__init__()
-        self.attention = BertAttention(config)
+        self.attention = BertAttention(config, sparse_attention)
         self.PreAttentionLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
         self.PostAttentionLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
         self.intermediate = BertIntermediate(config)
@@ -288,13 +316,36 @@ class BertLayer(nn.Module):
         return torch.add(hidden_states, ffn_output, alpha=scale)
 
 
+def _load_layers_in_own_layout(encoder, state_dict, prefix, *_):
+    """load_state_dict pre-hook of BertEncoder: rename incoming layer weights to the layout
+    this encoder has (SPEC 5 names, or the transformer kernel's), so checkpoints of either
+    kind load into both. Edits `state_dict` in place (load_state_dict passes a copy)."""
+    from turing.hf_convert import from_transformer_kernel_layout, to_transformer_kernel_layout
+
+    convert = to_transformer_kernel_layout if encoder.uses_transformer_kernel else from_transformer_kernel_layout
+    layer_prefix = prefix + "layer."
+    keys = [k for k in state_dict if k.startswith(layer_prefix)]
+    # The converters find layers by ".layer.N."; a leading "." covers prefix "" too.
+    layers = {"." + k: state_dict.pop(k) for k in keys}
+    state_dict.update({k[1:]: v for k, v in convert(layers).items()})
+
+
 class BertEncoder(nn.Module):
-    def __init__(self, config, checkpoint_activations=False):
+    """The layers and the final LayerNorm. Layers are `BertLayer`s, or with `kernel_layers`
+    (a list of DeepSpeedTransformerLayer) DeepSpeed's fused layers."""
+
+    def __init__(self, config, checkpoint_activations=False, sparse_attention=None, kernel_layers=None):
         super().__init__()
-        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+        self.uses_transformer_kernel = kernel_layers is not None
+        if self.uses_transformer_kernel:
+            self.layer = nn.ModuleList(kernel_layers)
+        else:
+            self.layer = nn.ModuleList([BertLayer(config, sparse_attention)
+                                        for _ in range(config.num_hidden_layers)])
         self.FinalLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
         self.checkpoint_activations = checkpoint_activations
         self.last_layers_run = 0  # layers computed by the last forward (PLD skips some)
+        self.register_load_state_dict_pre_hook(_load_layers_in_own_layout)
 
     def keep_probabilities(self, theta):
         """PLD keep probability of each layer: p_i = 1 - i * (1 - theta) / L, i from 0."""
@@ -302,6 +353,14 @@ class BertEncoder(nn.Module):
         return [1.0 - i * (1.0 - theta) / num_layers for i in range(num_layers)]
 
     def forward(self, hidden_states, attention_mask, pld_theta: Optional[float] = None):
+        if self.uses_transformer_kernel:
+            if pld_theta is not None:
+                raise ValueError("progressive layer drop cannot run with --deepspeed_transformer_kernel")
+            for layer_module in self.layer:
+                # (B, L, H) in and out; the mask is the additive (B, 1, 1, L) one, model dtype
+                hidden_states = layer_module(hidden_states, attention_mask)
+            self.last_layers_run = len(self.layer)
+            return self.FinalLayerNorm(hidden_states)
         drop_layers = self.training and pld_theta is not None
         keep_probs = self.keep_probabilities(pld_theta) if drop_layers else [1.0] * len(self.layer)
         layers_run = 0
@@ -330,10 +389,10 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    def __init__(self, config, checkpoint_activations=False):
+    def __init__(self, config, checkpoint_activations=False, sparse_attention=None, kernel_layers=None):
         super().__init__()
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config, checkpoint_activations)
+        self.encoder = BertEncoder(config, checkpoint_activations, sparse_attention, kernel_layers)
         self.pooler = BertPooler(config)
 
     def forward(self, input_ids, token_type_ids, attention_mask, pld_theta=None):
@@ -378,18 +437,91 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
 
 
-def _check_model_flags(args):
-    """Reject model options this build cannot honour, before any weights are allocated."""
-    if getattr(args, "deepspeed_transformer_kernel", False):
-        if getattr(args, "deepspeed_sparse_attention", False):
-            raise ValueError("--deepspeed_transformer_kernel and --deepspeed_sparse_attention "
-                             "cannot be combined; choose one")
-        if not torch.cuda.is_available():
-            raise ValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused "
-                             "transformer layer); none is available")
-        raise NotImplementedError("--deepspeed_transformer_kernel is not supported yet")
+def _precision(ds_config):
+    """'fp16', 'bf16' or 'fp32' from a DeepSpeed config dict."""
+    if (ds_config.get("fp16") or {}).get("enabled", False):
+        return "fp16"
+    if any((ds_config.get(key) or {}).get("enabled", False) for key in ("bf16", "bfloat16")):
+        return "bf16"
+    return "fp32"
+
+
+def check_model_flags(args):
+    """Reject model options this machine or build cannot run, with one line saying why.
+
+    Cheap (no weights, no data): the model calls it first, and a training script can call it
+    right after parsing so the error comes before any work.
+    """
+    if not getattr(args, "deepspeed_transformer_kernel", False):
+        return
     if getattr(args, "deepspeed_sparse_attention", False):
-        raise NotImplementedError("--deepspeed_sparse_attention is not supported yet")
+        raise ValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
+    if not torch.cuda.is_available():
+        raise ValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
+                         "layer is a CUDA op); none is available, run without the flag")
+    if getattr(args, "progressive_layer_drop", False):
+        raise ValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
+                         "(the fused layer cannot scale or skip its branches)")
+    if getattr(args, "checkpoint_activations", False):
+        raise ValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
+                         "use the kernel's --attention_dropout_checkpoint, --gelu_checkpoint and "
+                         "--normalize_invertible to save memory")
+    precision = _precision(getattr(args, "ds_config", None) or {})
+    if precision == "bf16":
+        raise ValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
+                         "enables bf16")
+
+
+def _transformer_kernel_layers(config, args):
+    """One DeepSpeedTransformerLayer per encoder layer (pre-LN, CUDA).
+
+    Checked only against a stand-in layer on CPU (tests/test_model_options.py); run the GPU
+    check script before relying on it.
+    """
+    from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer
+
+    if config.hidden_act != "gelu":
+        raise BertConfigError(f"bert_model_config: hidden_act {config.hidden_act!r}; "
+                              "--deepspeed_transformer_kernel computes gelu only")
+    batch_size = getattr(args, "train_micro_batch_size_per_gpu", None)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError("--deepspeed_transformer_kernel needs args.train_micro_batch_size_per_gpu (the "
+                         f"kernel's maximum batch), got {batch_size!r}")
+    local_rank = getattr(args, "local_rank", -1)
+    if local_rank is None or local_rank < 0:
+        # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    settings = dict(
+        batch_size=batch_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        heads=config.num_attention_heads,
+        attn_dropout_ratio=config.attention_probs_dropout_prob,
+        hidden_dropout_ratio=config.hidden_dropout_prob,
+        num_hidden_layers=config.num_hidden_layers,
+        initializer_range=config.initializer_range,
+        layer_norm_eps=LAYER_NORM_EPS,
+        local_rank=local_rank,
+        seed=getattr(args, "seed", 42),
+        fp16=_precision(getattr(args, "ds_config", None) or {}) == "fp16",
+        pre_layer_norm=True,
+        attn_dropout_checkpoint=bool(getattr(args, "attention_dropout_checkpoint", False)),
+        normalize_invertible=bool(getattr(args, "normalize_invertible", False)),
+        gelu_checkpoint=bool(getattr(args, "gelu_checkpoint", False)),
+        stochastic_mode=bool(getattr(args, "stochastic_mode", False)),
+    )
+    logger.info("DeepSpeed transformer kernel layers: %s", settings)
+    # A fresh config per layer: each layer writes its own id into the config it is given.
+    return [DeepSpeedTransformerLayer(DeepSpeedTransformerConfig(**settings))
+            for _ in range(config.num_hidden_layers)]
+
+
+def _sparse_self_attention(config, args):
+    """The one SparseSelfAttention all layers share, from ds_config's `sparse_attention` block."""
+    ds_config = getattr(args, "ds_config", None) or {}
+    sparsity_config = sparsity_config_from_ds(ds_config.get("sparse_attention"), config.num_attention_heads,
+                                              seed=getattr(args, "seed", 0))
+    return SparseSelfAttention(sparsity_config, max_seq_length=config.max_position_embeddings)
 
 
 class BertForPreTrainingPreLN(nn.Module):
@@ -402,16 +534,23 @@ class BertForPreTrainingPreLN(nn.Module):
     gives). With `masked_lm_labels` None, returns (prediction_scores (B, L, V), nsp_scores (B, 2)).
     Keyword arguments: `progressive_layer_drop` and `pld_theta`, which DeepSpeed's engine adds
     when PLD is on (layers drop only in training); any other keyword is ignored.
-    `args` flags read: checkpoint_activations, deepspeed_transformer_kernel,
-    deepspeed_sparse_attention (the last two are not supported yet and raise).
+    `args` fields read: checkpoint_activations; deepspeed_sparse_attention (with ds_config's
+    `sparse_attention` block and seed); deepspeed_transformer_kernel (with
+    train_micro_batch_size_per_gpu, local_rank, seed, ds_config's precision and the kernel's
+    memory flags); see `check_model_flags` for what cannot be combined.
     """
 
     def __init__(self, config, args=None):
         super().__init__()
-        _check_model_flags(args)
+        check_model_flags(args)
         self.config = config
         checkpoint_activations = bool(getattr(args, "checkpoint_activations", False))
-        self.bert = BertModel(config, checkpoint_activations)
+        sparse_attention = kernel_layers = None
+        if getattr(args, "deepspeed_sparse_attention", False):
+            sparse_attention = _sparse_self_attention(config, args)
+        if getattr(args, "deepspeed_transformer_kernel", False):
+            kernel_layers = _transformer_kernel_layers(config, args)
+        self.bert = BertModel(config, checkpoint_activations, sparse_attention, kernel_layers)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
         self._init_weights()
 
@@ -430,6 +569,18 @@ class BertForPreTrainingPreLN(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+        if self.bert.encoder.uses_transformer_kernel:
+            # SPEC 5's init for the kernel's parameters too, so both layer kinds start alike
+            # (DeepSpeed's own init scales the residual weights only when local_rank == 0).
+            for layer in self.bert.encoder.layer:
+                for name in ("attn_qkvw", "inter_w"):
+                    nn.init.normal_(getattr(layer, name), 0.0, std)
+                for name in ("attn_ow", "output_w"):
+                    nn.init.normal_(getattr(layer, name), 0.0, residual_std)
+                for name in ("attn_qkvb", "attn_ob", "inter_b", "output_b", "attn_nb", "norm_b"):
+                    nn.init.zeros_(getattr(layer, name))
+                for name in ("attn_nw", "norm_w"):
+                    nn.init.ones_(getattr(layer, name))
 
     def forward(self, batch, **kwargs):
         input_ids, input_mask, segment_ids = batch[1], batch[2], batch[3]
