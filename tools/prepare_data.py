@@ -1,0 +1,1193 @@
+"""Raw text to pretraining shards: NVIDIA hdf5 (SPEC 6a) or Bing numpy (SPEC 6b).
+
+Owns the data preparation pipeline, importable (`prepare(args)`) and a command line:
+
+    python tools/prepare_data.py --input corpus.txt --output_dir OUT --format nvidia \
+        --build_vocab 8000 --max_seq_length 128 --num_shards 2 --validation_fraction 0.05
+
+Input: text files (or folders of .txt files), one sentence per line, a blank line between
+documents, the format Google's and NVIDIA's BERT tools read.
+
+Output folder:
+    OUT/vocab.txt                          the vocab the shards were made with
+    OUT/train/                             the training set
+        {prefix}_training_shard{i}.hdf5    --format nvidia (prefix: OUT's name)
+        shard_{i:03d}/                     --format bing
+    OUT/validation/                        the same for --validation_fraction > 0
+        {prefix}_test_shard{i}.hdf5 | shard_{i:03d}/
+
+Pipeline. Documents are read in order and grouped into chunks of about --chunk_size_mb of text
+(the training and validation documents separately). Each chunk is one unit of work for a pool
+of --workers processes: tokenize (each distinct word once, through `tokenizers`' batch
+encoder), cut documents into sequence pairs with BERT's `create_instances_from_document`
+algorithm (--dupe_factor passes, random next sentences from another document of the same
+chunk), shuffle, and for the NVIDIA format mask statically (vectorised over the chunk). The
+main process writes the results in chunk order, dealing sequences round-robin over the
+shards (hdf5 chunks are deflated by a few threads meanwhile), so shard sizes differ by at
+most one, memory does not grow with the corpus, and the output depends only on the input
+and --seed, never on --workers (the files are byte-identical). Every file is written
+under a temporary folder and renamed into place at the end, so a crash never leaves a
+half-written shard under a final name.
+
+The shards are a function of the input, the vocab and --seed. One caveat: --build_vocab uses
+the `tokenizers` WordPiece trainer, which breaks ties between equally frequent merges in
+hash order, so two trainings on the same text may differ in a few dozen of 8,000 entries;
+for bit-identical data, build the vocab once and pass it with --vocab_file.
+
+Bing shards hold unmasked token strings of segments A and B (the reader adds [CLS]/[SEP] and
+masks at load time); is_next.npy is 1 when B is a random sentence (SPEC 6b's meaning, the same
+as NVIDIA's next_sentence_labels), 0 when B really follows A.
+"""
+import argparse
+import collections
+import filecmp
+import functools
+import itertools
+import logging
+import math
+import multiprocessing
+import os
+import random
+import re
+import resource
+import shutil
+import sys
+import time
+import unicodedata
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it lazily: load it once here, not in every worker)
+
+if __package__ in (None, ""):
+    # Run as a script (python tools/prepare_data.py): make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from turing.tokenization import build_fast_tokenizer, load_vocab, special_token_ids  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SEPARATOR = 0x1F                      # Bing separator layout: byte between tokens of an instance
+TRAIN, VALIDATION = "train", "validation"
+SHARD_NAME = re.compile(r"^shard_\d+$|_(training|test)_shard\d+\.hdf5$")
+HDF5_CHUNK_BYTES = 1 << 18            # ~256 KB per hdf5 chunk: good gzip ratio, small reads
+HDF5_GZIP_LEVEL = 4                   # h5py's (and so NVIDIA's) compression="gzip" level
+
+# Whitespace to Python's str.split() that BERT's tokenizer deletes as control characters
+# (category C), e.g. form feed: removed before splitting words so both agree.
+_CONTROL_SPACES = "".join(c for c in map(chr, range(0x3001))
+                          if c.isspace() and unicodedata.category(c).startswith("C")
+                          and c not in "\t\n\r")
+_DROP_CONTROL_SPACES = str.maketrans("", "", _CONTROL_SPACES)
+_CONTROL_SPACES_RE = re.compile(f"[{_CONTROL_SPACES}]")
+
+
+class PrepareDataError(ValueError):
+    """Bad input or settings; the message names the file or flag and what was expected."""
+
+
+class InputNotFoundError(PrepareDataError, FileNotFoundError):
+    """An input path, or the vocab file, does not exist."""
+
+
+# ----------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class Settings:
+    """What a worker needs to turn a chunk of documents into arrays (picklable)."""
+    fmt: str
+    bing_layout: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    masked_lm_prob: float
+    short_seq_prob: float
+    dupe_factor: int
+    seed: int
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    unk_id: int
+
+
+@dataclass
+class SetStats:
+    """Counts for one of the two sets (training, validation)."""
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    unk_tokens: int = 0
+    sequences: int = 0
+    shard_sizes: list = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    """What `prepare` did; printed at the end of the command line."""
+    output_dir: str
+    fmt: str
+    input_bytes: int = 0
+    seconds: float = 0.0            # reading, tokenizing, building and writing the shards
+    setup_seconds: float = 0.0      # vocab training and tokenizer set-up before that
+    peak_mb: float = 0.0            # peak resident memory of the main process
+    peak_worker_mb: float = 0.0     # and of the largest pool worker (0: no pool)
+    sets: dict = field(default_factory=dict)
+
+    @property
+    def sequences(self):
+        return sum(s.sequences for s in self.sets.values())
+
+    def lines(self):
+        out = [f"prepared {self.fmt} shards in {self.output_dir} from {self.input_bytes / 1e6:.2f} MB of text"]
+        for name, s in self.sets.items():
+            unk = s.unk_tokens / max(s.tokens, 1)
+            out.append(f"  {name}: {s.documents} documents, {s.sentences} sentences, {s.tokens} tokens "
+                       f"({unk:.2%} [UNK]), {s.sequences} sequences; per shard: "
+                       f"{', '.join(map(str, s.shard_sizes))}")
+        rate = self.sequences / max(self.seconds, 1e-9)
+        out.append(f"  time: {self.seconds:.2f} s ({rate:,.0f} sequences/s) after "
+                   f"{self.setup_seconds:.2f} s of vocab/tokenizer set-up")
+        out.append(f"  peak memory: {self.peak_mb:.0f} MB (largest worker {self.peak_worker_mb:.0f} MB)"
+                   if self.peak_worker_mb else f"  peak memory: {self.peak_mb:.0f} MB")
+        return out
+
+
+# ----------------------------------------------------------------------------- input
+
+def list_input_files(paths, exclude=None):
+    """The input files in order: each file as given, each folder's .txt files sorted (recursive).
+
+    Files under the folder `exclude` (the output folder, whose vocab.txt is no input) are skipped.
+    """
+    files = []
+    skip = os.path.join(os.path.realpath(exclude), "") if exclude else None
+    for path in paths:
+        if os.path.isfile(path):
+            files.append(path)
+        elif os.path.isdir(path):
+            found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                           for name in names if name.endswith(".txt"))
+            if skip:
+                found = [f for f in found if not os.path.realpath(f).startswith(skip)]
+            if not found:
+                raise InputNotFoundError(f"--input {path}: folder holds no .txt files")
+            files.extend(found)
+        else:
+            raise InputNotFoundError(f"--input {path}: no such file or folder")
+    return files
+
+
+def iter_documents(files):
+    """Yield (document, bytes read) per document: a list of its non-blank lines (sentences).
+
+    A blank line ends a document, and so does the end of a file. `bytes read` is the input
+    consumed since the previous yield, for the progress bar.
+    """
+    for path in files:
+        doc, consumed = [], 0
+        with open(path, "rb") as f:
+            for raw in f:
+                consumed += len(raw)
+                line = raw.decode("utf-8", errors="replace").strip()
+                if line:
+                    doc.append(line)
+                elif doc:
+                    yield doc, consumed
+                    doc, consumed = [], 0
+        if doc or consumed:
+            yield doc, consumed
+
+
+def is_validation_document(index, fraction):
+    """Document `index` goes to validation when the running count floor(index*fraction) steps.
+
+    Deterministic and evenly spread; exactly floor(n*fraction) of the first n documents.
+    """
+    return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
+
+
+def iter_chunks(files, chunk_bytes, validation_fraction):
+    """Group documents into chunks of about `chunk_bytes` of text, per set.
+
+    Yields (set name, chunk index within the set, documents, input bytes consumed). The
+    grouping depends only on the input, so the output does not depend on --workers.
+    """
+    pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
+    consumed = 0
+    index = 0
+    for doc, nbytes in iter_documents(files):
+        consumed += nbytes
+        if not doc:
+            continue
+        name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
+        index += 1
+        entry = pending[name]
+        entry[0].append(doc)
+        entry[1] += sum(map(len, doc))
+        if entry[1] >= chunk_bytes:
+            yield name, entry[2], entry[0], consumed
+            consumed = 0
+            pending[name] = [[], 0, entry[2] + 1]
+    for name, (docs, _, chunk_index) in pending.items():
+        if docs:
+            yield name, chunk_index, docs, consumed
+            consumed = 0
+
+
+# ----------------------------------------------------------------------------- vocab
+
+def train_vocab(files, vocab_size, do_lower_case, path):
+    """Train a BERT WordPiece vocab of about `vocab_size` entries on `files`; write it to `path`.
+
+    Special tokens come first ([PAD] = 0, [UNK] = 1, [CLS] = 2, [SEP] = 3, [MASK] = 4).
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    # BERT's normalisation: clean text, split CJK, lower-case and strip accents when asked.
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                        continuing_subword_prefix="##", show_progress=False)
+    tokenizer.train(files, trainer)
+    tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for token, _ in tokens:
+            f.write(token + "\n")
+    return len(tokens)
+
+
+def check_vocab(vocab_file, fmt, bing_layout):
+    """Load and check a vocab.txt; returns (token -> id dict, special ids)."""
+    if not os.path.isfile(vocab_file):
+        raise InputNotFoundError(f"--vocab_file {vocab_file}: no such file")
+    try:
+        vocab = load_vocab(vocab_file)
+    except UnicodeDecodeError as e:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: not utf-8 text ({e})") from None
+    try:
+        special = special_token_ids(vocab)
+    except ValueError as e:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: {e}") from None
+    if fmt == "bing" and bing_layout == "separator":
+        bad = [t for t in vocab if chr(SEPARATOR) in t]
+        if bad:
+            raise PrepareDataError(f"--vocab_file {vocab_file}: token {bad[0]!r} holds the separator "
+                                   "byte 0x1f; use --bing_layout offsets")
+    if len(vocab) < len(SPECIAL_TOKENS) + 1:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: only {len(vocab)} entries")
+    return vocab, special
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+class WordCacheTokenizer:
+    """Token ids of many lines, tokenizing each distinct whitespace-separated word once.
+
+    BERT's tokenizer splits on whitespace before anything can join characters across it, so
+    the ids of a line are the ids of its words concatenated; words repeat a lot (Zipf), so
+    encoding only the new distinct ones in one `encode_batch` call is several times faster.
+    The cache only memoises (word -> its ids in one growing array), so results never depend
+    on what a worker saw before; it is emptied when it holds MAX_CACHED_WORDS.
+    """
+
+    MAX_CACHED_WORDS = 1 << 19
+    WORDS_PER_TEXT = 256
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._clear()
+
+    def _clear(self):
+        self.index = {}                                   # word -> row in start/length
+        self.start = np.zeros(0, dtype=np.int64)
+        self.length = np.zeros(0, dtype=np.int64)
+        self.store = np.zeros(0, dtype=np.int32)          # the ids of all cached words
+
+    def _add(self, words):
+        """Tokenize new distinct words and append their ids to the store.
+
+        The words go to the encoder joined by spaces, WORDS_PER_TEXT to a text: far cheaper
+        than one text per word. Each token is given back to its word by its character offset.
+        """
+        n = self.WORDS_PER_TEXT
+        texts = [" ".join(words[i:i + n]) for i in range(0, len(words), n)]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32)
+        char = np.fromiter(itertools.chain.from_iterable(
+            (start for start, _ in e.offsets) for e in encodings), dtype=np.int64, count=len(ids))
+        # Offsets as if all texts were one string with a space between them.
+        text_len = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        text_base = np.cumsum(text_len + 1) - (text_len + 1)
+        tokens_per_text = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+        char += np.repeat(text_base, tokens_per_text)
+        word_len = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        word_start = np.cumsum(word_len + 1) - (word_len + 1)    # the same layout, word by word
+        owner = np.searchsorted(word_start, char, side="right") - 1
+        length = np.bincount(owner, minlength=len(words)).astype(np.int64)
+        base = len(self.index)
+        self.index.update(zip(words, range(base, base + len(words))))
+        self.start = np.concatenate([self.start, len(self.store) + np.cumsum(length) - length])
+        self.length = np.concatenate([self.length, length])
+        self.store = np.concatenate([self.store, ids])
+
+    def encode_lines(self, lines):
+        """(flat token ids int32 (T,), tokens per line int64 (n_lines,))."""
+        if _CONTROL_SPACES_RE.search("".join(lines)):
+            lines = [line.translate(_DROP_CONTROL_SPACES) for line in lines]
+        line_words = [line.split() for line in lines]
+        words = list(itertools.chain.from_iterable(line_words))
+        if len(self.index) > self.MAX_CACHED_WORDS:
+            self._clear()
+        new = [w for w in dict.fromkeys(words) if w not in self.index]
+        if new:
+            self._add(new)
+        rows = np.fromiter(map(self.index.__getitem__, words), dtype=np.int64, count=len(words))
+        lens = self.length[rows]                              # tokens per word occurrence
+        token_ids = self.store[_ranges(self.start[rows], lens)]
+        words_per_line = np.fromiter(map(len, line_words), dtype=np.int64, count=len(line_words))
+        cum = np.concatenate([[0], np.cumsum(lens)])
+        line_end = np.cumsum(words_per_line)
+        tokens_per_line = cum[line_end] - cum[line_end - words_per_line]
+        return token_ids, tokens_per_line
+
+
+def _ranges(starts, lens):
+    """Concatenation of arange(s, s + n) for each (s, n): int64 indices."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    out_start = np.cumsum(lens) - lens
+    return np.repeat(starts - out_start, lens) + np.arange(total, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- instances
+
+def truncation(len_a, len_b, max_num_tokens):
+    """How many tokens BERT's truncate_seq_pair removes from A and from B.
+
+    It removes one token at a time from the longer segment (B on a tie) until the pair fits;
+    the counts follow in closed form: first the longer one down to the other's length, then
+    alternately starting with B.
+    """
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0
+    remove_a = remove_b = 0
+    if len_a > len_b:
+        remove_a = min(excess, len_a - len_b)
+    else:
+        remove_b = min(excess, len_b - len_a)
+    rest = excess - remove_a - remove_b
+    return remove_a + rest // 2, remove_b + rest - rest // 2
+
+
+def create_instance_spans(docs, settings, rng):
+    """BERT's create_instances_from_document over a chunk's documents, on token spans.
+
+    `docs`: per document (first token offset in the chunk's flat token array, list of
+    sentence token counts). Returns int64 arrays a_start, a_len, b_start, b_len and int8
+    is_random: segment A is tokens[a_start:a_start + a_len], B likewise. Sentences of a
+    document are contiguous in the flat array, so every segment is one span.
+    """
+    max_num_tokens = settings.max_seq_length - 3
+    # Per document, token offset of each sentence start (n + 1 entries, absolute).
+    offsets = []
+    for start, lens in docs:
+        acc, cum = start, [start]
+        for n in lens:
+            acc += n
+            cum.append(acc)
+        offsets.append(cum)
+    out = ([], [], [], [], [])
+    a_starts, a_lens, b_starts, b_lens, randoms = out
+    rand = rng.random
+
+    def randint(low, high):
+        # random.randint's distribution at a third of its cost (the ranges here are small).
+        return low + int(rand() * (high - low + 1))
+
+    num_docs = len(docs)
+    for _ in range(settings.dupe_factor):
+        for d in range(num_docs):
+            cum = offsets[d]
+            n_sent = len(cum) - 1
+            # As BERT: one target length per document, sometimes shorter to match fine-tuning.
+            target = max_num_tokens
+            if rand() < settings.short_seq_prob:
+                target = randint(2, max_num_tokens)
+            first = 0            # first sentence of the current chunk of sentences
+            i = 0
+            while i < n_sent:
+                if i == n_sent - 1 or cum[i + 1] - cum[first] >= target:
+                    count = i + 1 - first
+                    a_end = randint(1, count - 1) if count >= 2 else 1
+                    a_start, a_len = cum[first], cum[first + a_end] - cum[first]
+                    if count == 1 or rand() < 0.5:
+                        is_random = 1
+                        target_b = target - a_len
+                        # Ten tries for another document, as BERT (a lone document gets itself).
+                        for _ in range(10):
+                            r = randint(0, num_docs - 1)
+                            if r != d:
+                                break
+                        rcum = offsets[r]
+                        r_n = len(rcum) - 1
+                        r_start = randint(0, r_n - 1)
+                        j = r_start
+                        while j < r_n and rcum[j + 1] - rcum[r_start] < target_b:
+                            j += 1
+                        j = min(j, r_n - 1)
+                        b_start, b_len = rcum[r_start], rcum[j + 1] - rcum[r_start]
+                        # The unused sentences of this chunk start the next one.
+                        i -= count - a_end
+                    else:
+                        is_random = 0
+                        b_start, b_len = cum[first + a_end], cum[i + 1] - cum[first + a_end]
+                    cut_a, cut_b = truncation(a_len, b_len, max_num_tokens)
+                    if cut_a:
+                        # Each removal is from the front or the back with even odds.
+                        front = rng.getrandbits(cut_a).bit_count()
+                        a_start += front
+                        a_len -= cut_a
+                    if cut_b:
+                        front = rng.getrandbits(cut_b).bit_count()
+                        b_start += front
+                        b_len -= cut_b
+                    a_starts.append(a_start)
+                    a_lens.append(a_len)
+                    b_starts.append(b_start)
+                    b_lens.append(b_len)
+                    randoms.append(is_random)
+                    first = i + 1
+                i += 1
+    return tuple(np.array(x, dtype=np.int64) for x in out[:4]) + (np.array(randoms, dtype=np.int8),)
+
+
+def nvidia_arrays(tokens, spans, settings, rng):
+    """Statically masked NVIDIA arrays for instances given as spans into `tokens`.
+
+    Sequence: [CLS] A [SEP] B [SEP], zero-padded to L. Masking as create_pretraining_data.py:
+    num_to_predict = min(P, max(1, round(n_tokens * prob))) of the A/B positions in random
+    order, each 80% [MASK], 10% kept, 10% a uniformly random vocab id; positions sorted,
+    positions and ids right-padded with 0. Returns a dict of the six hdf5 datasets.
+    """
+    a_start, a_len, b_start, b_len, is_random = spans
+    n, L, P = len(a_len), settings.max_seq_length, settings.max_predictions_per_seq
+    pos = np.arange(L, dtype=np.int64)[None, :]                               # (1, L)
+    la, lb = a_len[:, None], b_len[:, None]                                   # (n, 1)
+    n_tokens = la + lb + 3
+    in_a = (pos >= 1) & (pos <= la)
+    in_b = (pos >= la + 2) & (pos < la + 2 + lb)
+    src = np.where(in_a, a_start[:, None] + pos - 1, b_start[:, None] + pos - la - 2)
+    src = np.where(in_a | in_b, src, 0)
+    ids = np.where(in_a | in_b, tokens[src], 0).astype(np.int32)             # (n, L)
+    rows = np.arange(n)
+    ids[:, 0] = settings.cls_id
+    ids[rows, a_len + 1] = settings.sep_id
+    ids[rows, a_len + b_len + 2] = settings.sep_id
+    input_mask = (pos < n_tokens).astype(np.int8)
+    segment_ids = ((pos >= la + 2) & (pos < n_tokens)).astype(np.int8)
+
+    # Python's round (half to even), as the original: np.rint rounds the same way.
+    num_to_predict = np.minimum(P, np.maximum(1, np.rint(n_tokens[:, 0] * settings.masked_lm_prob)))
+    num_to_predict = np.minimum(num_to_predict, a_len + b_len).astype(np.int64)   # (n,)
+    # A random order of the candidates: sort random keys, non-candidates last.
+    keys = rng.random((n, L))
+    keys[~(in_a | in_b)] = 2.0
+    k = P                                                                     # P <= L - 3 < L
+    smallest = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    order = np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1)
+    chosen = np.take_along_axis(smallest, order, axis=1)                      # (n, k) random order
+    valid = np.arange(k)[None, :] < num_to_predict[:, None]
+    positions = np.sort(np.where(valid, chosen, L), axis=1)                   # sorted, unused = L
+    valid = positions < L
+    positions = np.where(valid, positions, 0)
+    original = np.take_along_axis(ids, positions, axis=1)
+    masked_lm_ids = np.where(valid, original, 0).astype(np.int32)
+    u = rng.random((n, k))
+    random_ids = rng.integers(0, settings.vocab_size, size=(n, k))
+    replacement = np.where(u < 0.8, settings.mask_id, np.where(u < 0.9, original, random_ids))
+    r, c = np.nonzero(valid)
+    ids[r, positions[r, c]] = replacement[r, c]
+    return {
+        "input_ids": ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions.astype(np.int32),
+        "masked_lm_ids": masked_lm_ids,
+        "next_sentence_labels": is_random.astype(np.int8),
+    }
+
+
+class VocabBytes:
+    """The utf-8 bytes of every vocab token, for vectorised string output.
+
+    `table` row i is the separator byte then token i's bytes, padded (V, 1 + longest);
+    a gather from it plus a mask is the fastest way to write millions of tokens. With very
+    long tokens the table would be wasteful, and a flat gather is used instead.
+    """
+
+    MAX_TABLE_WIDTH = 64
+
+    def __init__(self, tokens_by_id):
+        encoded = [t.encode("utf-8") for t in tokens_by_id]
+        self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self.length = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        self.start = np.cumsum(self.length) - self.length
+        width = 1 + int(self.length.max())
+        self.table = None
+        if width <= self.MAX_TABLE_WIDTH:
+            self.table = np.full((len(encoded), width), SEPARATOR, dtype=np.uint8)
+            rows = np.repeat(np.arange(len(encoded)), self.length)
+            cols = 1 + np.arange(len(self.blob)) - np.repeat(self.start, self.length)
+            self.table[rows, cols] = self.blob
+
+    def strings(self, ids, separator_before):
+        """The bytes of tokens `ids` in order, each preceded by 0x1f where separator_before."""
+        length = self.length[ids]
+        if self.table is not None:
+            width = 1 + int(length.max(initial=0))        # only the columns these tokens use
+            col = np.arange(width)[None, :]
+            keep = (col >= ~separator_before[:, None]) & (col <= length[:, None])
+            return self.table[ids, :width][keep]
+        out_len = length + separator_before
+        data = np.full(int(out_len.sum()), SEPARATOR, dtype=np.uint8)
+        text_start = np.cumsum(out_len) - length
+        data[_ranges(text_start, length)] = self.blob[_ranges(self.start[ids], length)]
+        return data
+
+
+def bing_arrays(tokens, spans, settings, vocab_bytes):
+    """Bing shard arrays for instances given as spans: the token strings of A then B.
+
+    Returns data (uint8), instance_lengths (bytes per instance), tokens_split (tokens in A),
+    is_next, and for the offsets layout token_offsets (in-instance byte offset of every
+    token but the first) with tokens_per_instance.
+    """
+    a_start, a_len, b_start, b_len, is_random = spans
+    seg_start = np.stack([a_start, b_start], axis=1).ravel()                  # A0 B0 A1 B1 ...
+    seg_len = np.stack([a_len, b_len], axis=1).ravel()
+    ids = tokens[_ranges(seg_start, seg_len)]                                  # (T,) all tokens
+    per_instance = a_len + b_len
+    first = np.zeros(len(ids), dtype=bool)
+    first[np.cumsum(per_instance) - per_instance] = True
+    separators = settings.bing_layout == "separator"
+    # Separator layout: a 0x1f before every token but an instance's first.
+    separator_before = ~first if separators else np.zeros(len(ids), dtype=bool)
+    data = vocab_bytes.strings(ids, separator_before)
+    out_len = vocab_bytes.length[ids] + separator_before
+    out_start = np.cumsum(out_len) - out_len
+    instance_start = out_start[first]
+    result = {
+        "data": data,
+        "instance_lengths": np.diff(np.append(instance_start, len(data))),
+        "tokens_split": a_len.astype(np.int32),
+        "is_next": is_random.astype(np.int8),
+    }
+    if not separators:
+        owner = np.repeat(np.arange(len(a_len)), per_instance)
+        result["token_offsets"] = (out_start - instance_start[owner])[~first].astype(np.int32)
+        result["tokens_per_instance"] = per_instance
+    return result
+
+
+# ----------------------------------------------------------------------------- worker
+
+class ChunkProcessor:
+    """Turns one chunk of documents into the arrays of its sequences (runs in a worker)."""
+
+    def __init__(self, settings, tokenizer, tokens_by_id):
+        self.settings = settings
+        self.words = WordCacheTokenizer(tokenizer)
+        self.vocab_bytes = VocabBytes(tokens_by_id) if settings.fmt == "bing" else None
+
+    def __call__(self, set_name, chunk_index, documents, num_shards):
+        s = self.settings
+        lines = [line for doc in documents for line in doc]
+        token_ids, per_line = self.words.encode_lines(lines)
+        stats = SetStats(unk_tokens=int(np.count_nonzero(token_ids == s.unk_id)),
+                         tokens=len(token_ids))
+        # Documents as (first token, sentence lengths); sentences without tokens are dropped.
+        docs, line, start = [], 0, 0
+        for doc in documents:
+            lens = per_line[line:line + len(doc)]
+            line += len(doc)
+            kept = lens[lens > 0].tolist()
+            if kept:
+                docs.append((start, kept))
+                stats.documents += 1
+                stats.sentences += len(kept)
+            start += int(lens.sum())
+        # Every (seed, set, chunk) has its own random streams, whichever worker runs it.
+        seq = np.random.SeedSequence([s.seed, 0 if set_name == TRAIN else 1, chunk_index])
+        py_seed, np_seed = seq.spawn(2)
+        py_rng = random.Random(int.from_bytes(py_seed.generate_state(4).tobytes(), "little"))
+        np_rng = np.random.default_rng(np_seed)
+        if not docs:
+            return stats, None, []
+        spans = create_instance_spans(docs, s, py_rng)
+        n = len(spans[0])
+        # BERT shuffles its instances; then group them by shard (see ShardSet.add).
+        residue = np.arange(n) % num_shards
+        perm = np_rng.permutation(n)[np.argsort(residue, kind="stable")]
+        spans = tuple(x[perm] for x in spans)
+        stats.sequences = n
+        if s.fmt == "nvidia":
+            arrays = nvidia_arrays(token_ids, spans, s, np_rng)
+        else:
+            arrays = bing_arrays(token_ids, spans, s, self.vocab_bytes)
+        return stats, arrays, np.bincount(residue, minlength=num_shards).tolist()
+
+
+_worker_processor = None   # the pool worker's ChunkProcessor, set by _init_worker
+
+
+def _init_worker(settings, tokenizer, tokens_by_id):
+    global _worker_processor
+    _worker_processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
+
+
+def _run_chunk(*task):
+    return _worker_processor(*task)
+
+
+# ----------------------------------------------------------------------------- writers
+
+class NpyAppender:
+    """A 1-D .npy file written by appending; the header's length is fixed when closed.
+
+    numpy pads .npy headers so that the shape can grow in place; this relies on that.
+    """
+
+    def __init__(self, path, dtype):
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self.file = open(path, "wb")
+        self._header(0)
+        self.header_size = self.file.tell()
+
+    def _header(self, n):
+        np.lib.format.write_array_header_1_0(
+            self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                        "shape": (n,)})
+
+    def append(self, array):
+        array = np.ascontiguousarray(array, dtype=self.dtype)
+        self.file.write(array.tobytes())
+        self.count += len(array)
+
+    def close(self):
+        if self.file.closed:
+            return
+        self.file.seek(0)
+        self._header(self.count)
+        if self.file.tell() != self.header_size:
+            raise RuntimeError(f"{self.path}: .npy header changed size")
+        self.file.close()
+
+
+class Hdf5ShardWriter:
+    """One NVIDIA shard: resizable gzip datasets, appended chunk by chunk.
+
+    gzip is most of the cost of the NVIDIA format, so it does not run inside h5py in the
+    main thread: rows are gathered into whole hdf5 chunks, deflated by `compress` (a thread
+    pool: zlib releases the GIL) and stored with write_direct_chunk, in order, so the file is
+    the same as h5py's own gzip filter would make (the deflate filter is zlib's format).
+    """
+
+    MAX_QUEUED = 64                # chunks in the compressor's queue (~16 MB)
+
+    def __init__(self, path, max_seq_length, max_predictions, compress):
+        self.path, self.compress = path, compress
+        self.file = h5py.File(path, "w")
+        self.count = 0
+        widths = {"input_ids": (max_seq_length, "i4"), "input_mask": (max_seq_length, "i1"),
+                  "segment_ids": (max_seq_length, "i1"), "masked_lm_positions": (max_predictions, "i4"),
+                  "masked_lm_ids": (max_predictions, "i4"), "next_sentence_labels": (None, "i1")}
+        self.datasets = {}
+        self.pending = {}          # key -> rows not yet making a whole chunk
+        self.flushed = {}          # key -> rows already handed to the compressor
+        self.writes = collections.deque()   # (dataset, chunk offset, future of deflated bytes)
+        for key, (width, dtype) in widths.items():
+            shape = (0, width) if width else (0,)
+            rows = max(1, HDF5_CHUNK_BYTES // (np.dtype(dtype).itemsize * (width or 1)))
+            self.datasets[key] = self.file.create_dataset(
+                key, shape=shape, maxshape=(None,) + shape[1:], dtype=dtype,
+                chunks=(rows,) + shape[1:], compression="gzip")
+            self.pending[key], self.flushed[key] = [], 0
+
+    def append(self, arrays, first, stop):
+        """Append rows first..stop-1 of a chunk's arrays."""
+        n = stop - first
+        if n <= 0:
+            return
+        self.count += n
+        for key, ds in self.datasets.items():
+            ds.resize(self.count, axis=0)
+            self.pending[key].append(arrays[key][first:stop])
+            self._flush(key, final=False)
+        # Store what is compressed already; wait only if too much is queued (memory bound).
+        while self.writes and (self.writes[0][2].done() or len(self.writes) > self.MAX_QUEUED):
+            self._write_oldest()
+
+    def _flush(self, key, final):
+        """Hand the whole chunks of pending rows (and at the end the last part) to compress."""
+        ds = self.datasets[key]
+        rows = ds.chunks[0]
+        pending = np.concatenate(self.pending[key]) if len(self.pending[key]) > 1 else self.pending[key][0]
+        whole = len(pending) // rows * rows
+        for start in range(0, whole, rows):
+            self._submit(ds, self.flushed[key] + start, pending[start:start + rows])
+        rest = pending[whole:]
+        if final and len(rest):
+            # The last chunk is stored whole; rows past the dataset's end are never read.
+            padded = np.zeros((rows,) + rest.shape[1:], dtype=rest.dtype)
+            padded[:len(rest)] = rest
+            self._submit(ds, self.flushed[key] + whole, padded)
+            rest = rest[:0]
+        self.flushed[key] += whole
+        self.pending[key] = [rest]
+
+    def _submit(self, ds, row, block):
+        offset = (row,) + (0,) * (block.ndim - 1)
+        self.writes.append((ds, offset, self.compress(np.ascontiguousarray(block))))
+
+    def _write_oldest(self):
+        ds, offset, future = self.writes.popleft()
+        ds.id.write_direct_chunk(offset, future.result())
+
+    def finish(self):
+        """Compress and store everything still pending (then close)."""
+        for key in self.datasets:
+            self._flush(key, final=True)
+        while self.writes:
+            self._write_oldest()
+        self.close()
+
+    def close(self):
+        if self.file:
+            self.file.close()
+            self.file = None
+
+
+class BingShardWriter:
+    """One Bing shard folder, its .npy files appended chunk by chunk."""
+
+    def __init__(self, folder, layout):
+        os.makedirs(folder)
+        self.folder, self.layout, self.count = folder, layout, 0
+        self.bytes_written = self.tokens_written = 0
+        j = lambda name: os.path.join(folder, name)  # noqa: E731
+        self.data = NpyAppender(j("data.npy"), np.uint8)
+        self.offsets = NpyAppender(j("instance_offsets.npy"), np.int64)
+        self.split = NpyAppender(j("tokens_split.npy"), np.int32)
+        self.is_next = NpyAppender(j("is_next.npy"), np.int8)
+        self.files = [self.data, self.offsets, self.split, self.is_next]
+        if layout == "offsets":
+            self.token_offsets = NpyAppender(j("token_offsets.npy"), np.int32)
+            self.instance_token_offsets = NpyAppender(j("instance_token_offsets.npy"), np.int64)
+            self.files += [self.token_offsets, self.instance_token_offsets]
+
+    def append(self, arrays, first, stop):
+        """Append instances first..stop-1 of a chunk's arrays."""
+        if stop <= first:
+            return
+        ends = np.concatenate([[0], np.cumsum(arrays["instance_lengths"])])
+        self.data.append(arrays["data"][ends[first]:ends[stop]])
+        self.offsets.append(self.bytes_written + ends[first:stop] - ends[first])
+        self.bytes_written += int(ends[stop] - ends[first])
+        self.split.append(arrays["tokens_split"][first:stop])
+        self.is_next.append(arrays["is_next"][first:stop])
+        if self.layout == "offsets":
+            # An instance has an offset for each of its tokens but the first.
+            t_ends = np.concatenate([[0], np.cumsum(arrays["tokens_per_instance"] - 1)])
+            self.token_offsets.append(arrays["token_offsets"][t_ends[first]:t_ends[stop]])
+            self.instance_token_offsets.append(self.tokens_written + t_ends[first:stop] - t_ends[first])
+            self.tokens_written += int(t_ends[stop] - t_ends[first])
+        self.count += stop - first
+
+    def close(self):
+        if self.offsets.file.closed:
+            return
+        # The N+1-th offsets close both offset arrays.
+        self.offsets.append(np.array([self.bytes_written]))
+        if self.layout == "offsets":
+            self.instance_token_offsets.append(np.array([self.tokens_written]))
+        for f in self.files:
+            f.close()
+
+    finish = close
+
+
+class ShardSet:
+    """The shards of one set, written in a temporary folder; sequences dealt round-robin.
+
+    A shard's files are created when its first sequence arrives, so asking for more shards
+    than there are sequences fails at the end without first creating thousands of files.
+    """
+
+    def __init__(self, name, tmp_folder, final_folder, num_shards, settings, prefix, compress=None):
+        self.name, self.tmp_folder, self.final_folder = name, tmp_folder, final_folder
+        self.settings, self.prefix, self.compress = settings, prefix, compress
+        os.makedirs(tmp_folder)
+        self.count = 0
+        self.writers = [None] * num_shards
+
+    def _final_name(self, i):
+        if self.settings.fmt == "nvidia":
+            return f"{self.prefix}_{'training' if self.name == TRAIN else 'test'}_shard{i}.hdf5"
+        return f"shard_{i:03d}"
+
+    def _writer(self, i):
+        if self.writers[i] is None:
+            tmp = os.path.join(self.tmp_folder, self._final_name(i))
+            s = self.settings
+            self.writers[i] = (Hdf5ShardWriter(tmp, s.max_seq_length, s.max_predictions_per_seq, self.compress)
+                               if s.fmt == "nvidia" else BingShardWriter(tmp, s.bing_layout))
+        return self.writers[i]
+
+    def add(self, arrays, group_sizes):
+        """Sequence j of this set (counting from the first chunk) goes to shard j % S.
+
+        The worker ordered a chunk's sequences by their index modulo S (group r holds the
+        chunk's sequences r, r + S, ...), so each shard gets one contiguous block.
+        """
+        shards = len(self.writers)
+        first = 0
+        for r, size in enumerate(group_sizes):
+            if size:
+                self._writer((self.count + r) % shards).append(arrays, first, first + size)
+            first += size
+        self.count += first
+
+    @property
+    def sizes(self):
+        return [w.count if w else 0 for w in self.writers]
+
+    def finish(self):
+        """Write out everything (the NVIDIA writers' last compressed chunks) and close."""
+        for w in self.writers:
+            w.finish()
+
+    def close(self):
+        for w in self.writers:
+            if w:
+                w.close()
+
+    def install(self):
+        """Move the finished shards to their final names, replacing older shards there."""
+        os.makedirs(self.final_folder, exist_ok=True)
+        remove_shards(self.final_folder)
+        for i in range(len(self.writers)):
+            name = self._final_name(i)
+            os.replace(os.path.join(self.tmp_folder, name), os.path.join(self.final_folder, name))
+
+
+def existing_shards(folder):
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name for name in os.listdir(folder) if SHARD_NAME.search(name))
+
+
+def remove_shards(folder):
+    """Delete the shard files/folders (by their names) a previous run left in `folder`."""
+    for name in existing_shards(folder):
+        path = os.path.join(folder, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+# ----------------------------------------------------------------------------- driver
+
+def validate_args(args):
+    """Check flag values before any work; raises PrepareDataError naming the flag."""
+    L, P = args.max_seq_length, args.max_predictions_per_seq
+    if L < 5:
+        raise PrepareDataError(f"--max_seq_length {L}: must be at least 5 ([CLS] A [SEP] B [SEP])")
+    if not 1 <= P <= L - 3:
+        raise PrepareDataError(f"--max_predictions_per_seq {P}: must be between 1 and max_seq_length - 3 "
+                               f"= {L - 3}, the number of maskable tokens in a sequence of {L}")
+    if not 0 < args.masked_lm_prob <= 1:
+        raise PrepareDataError(f"--masked_lm_prob {args.masked_lm_prob}: must be in (0, 1]")
+    if not 0 <= args.short_seq_prob <= 1:
+        raise PrepareDataError(f"--short_seq_prob {args.short_seq_prob}: must be in [0, 1]")
+    if not 0 <= args.validation_fraction < 1:
+        raise PrepareDataError(f"--validation_fraction {args.validation_fraction}: must be in [0, 1)")
+    for flag in ("dupe_factor", "num_shards", "workers"):
+        if getattr(args, flag) < 1:
+            raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if args.chunk_size_mb <= 0:
+        raise PrepareDataError(f"--chunk_size_mb {args.chunk_size_mb}: must be positive")
+    if (args.vocab_file is None) == (args.build_vocab is None):
+        raise PrepareDataError("give exactly one of --vocab_file VOCAB and --build_vocab N")
+    if args.build_vocab is not None and args.build_vocab <= len(SPECIAL_TOKENS):
+        raise PrepareDataError(f"--build_vocab {args.build_vocab}: must be larger than {len(SPECIAL_TOKENS)}")
+
+
+def check_output_dir(args):
+    """Refuse to mix with an earlier run's shards unless --overwrite."""
+    out = args.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PrepareDataError(f"--output_dir {out}: exists and is not a folder")
+    if args.overwrite:
+        return
+    found = [os.path.join(sub, name) for sub in (TRAIN, VALIDATION)
+             for name in existing_shards(os.path.join(out, sub))]
+    if found:
+        raise PrepareDataError(f"--output_dir {out} already holds shards ({found[0]}, ...); "
+                               "pass --overwrite to replace them")
+    vocab_out = os.path.join(out, "vocab.txt")
+    if os.path.exists(vocab_out) and (
+            args.build_vocab is not None or not (_same_file(args.vocab_file, vocab_out)
+                                                 or filecmp.cmp(args.vocab_file, vocab_out, shallow=False))):
+        raise PrepareDataError(f"--output_dir {out} already holds a different vocab.txt; "
+                               "pass --overwrite to replace it")
+
+
+def _same_file(a, b):
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def prepare(args):
+    """Run the whole pipeline for parsed `args`; returns a Summary. Raises PrepareDataError."""
+    start = time.perf_counter()
+    validate_args(args)
+    files = list_input_files(args.input, exclude=args.output_dir)
+    if args.vocab_file is not None and not os.path.isfile(args.vocab_file):
+        raise InputNotFoundError(f"--vocab_file {args.vocab_file}: no such file")
+    check_output_dir(args)
+    out = args.output_dir
+    os.makedirs(out, exist_ok=True)
+    tmp = os.path.join(out, f".prepare_data.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    pool = deflater = None
+    shard_sets = {}
+    try:
+        if args.build_vocab is not None:
+            vocab_file = os.path.join(tmp, "vocab.txt")
+            size = train_vocab(files, args.build_vocab, args.do_lower_case, vocab_file)
+            logger.info("trained a WordPiece vocab of %d entries", size)
+        else:
+            vocab_file = args.vocab_file
+        vocab, special = check_vocab(vocab_file, args.format, args.bing_layout)
+        # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line).
+        with open(vocab_file, encoding="utf-8") as f:
+            tokens_by_id = [line.rstrip() for line in f]
+        settings = Settings(
+            fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
+            max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+            short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
+            vocab_size=len(tokens_by_id), cls_id=special["cls"], sep_id=special["sep"],
+            mask_id=special["mask"], unk_id=special["unk"])
+        # Built here, before the workers fork, so they inherit its one-time set-up.
+        tokenizer = build_fast_tokenizer(vocab_file, do_lower_case=args.do_lower_case)
+        summary = Summary(output_dir=out, fmt=args.format,
+                          input_bytes=sum(os.path.getsize(f) for f in files))
+        summary.setup_seconds = time.perf_counter() - start
+        t0 = time.perf_counter()
+        if args.workers > 1:
+            pool = _start_pool(args.workers, settings, tokenizer, tokens_by_id)
+        processor = None if pool else ChunkProcessor(settings, tokenizer, tokens_by_id)
+        # Threads that deflate hdf5 chunks (zlib releases the GIL), beside the workers.
+        deflater = ThreadPoolExecutor(max(2, args.workers), thread_name_prefix="deflate")
+        compress = functools.partial(deflater.submit, zlib.compress, level=HDF5_GZIP_LEVEL)
+
+        prefix = args.prefix or os.path.basename(os.path.abspath(out))
+        sets = [TRAIN] + ([VALIDATION] if args.validation_fraction > 0 else [])
+        for name in sets:
+            shards = args.num_shards if name == TRAIN else 1
+            shard_sets[name] = ShardSet(name, os.path.join(tmp, name), os.path.join(out, name),
+                                        shards, settings, prefix, compress)
+            summary.sets[name] = SetStats()
+
+        chunks = ((name, index, docs, len(shard_sets[name].writers), nbytes)
+                  for name, index, docs, nbytes in iter_chunks(files, int(args.chunk_size_mb * 2**20),
+                                                                args.validation_fraction))
+        for name, (stats, arrays, group_sizes), nbytes in _ordered_results(
+                chunks, pool, processor, args.workers, summary.input_bytes):
+            total = summary.sets[name]
+            for key in ("documents", "sentences", "tokens", "unk_tokens", "sequences"):
+                setattr(total, key, getattr(total, key) + getattr(stats, key))
+            if arrays is not None:
+                shard_sets[name].add(arrays, group_sizes)
+        if pool:
+            pool.close()
+            pool.join()
+            pool = None
+
+        _finish_sets(summary, shard_sets, args.input)
+        _install(out, tmp, vocab_file, shard_sets)
+        summary.seconds = time.perf_counter() - t0
+        summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
+        summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
+        return summary
+    finally:
+        if pool:
+            pool.terminate()
+            pool.join()
+        if deflater:
+            deflater.shutdown(cancel_futures=True)
+        for shard_set in shard_sets.values():
+            shard_set.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _finish_sets(summary, shard_sets, inputs):
+    """Check that every set and shard got sequences, then finish the shard files."""
+    for name, shard_set in shard_sets.items():
+        stats = summary.sets[name]
+        stats.shard_sizes = shard_set.sizes
+        if stats.documents == 0:
+            what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
+            raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
+                                   f"(expected text, one sentence per line, blank lines between documents{hint})")
+        if min(stats.shard_sizes) == 0:
+            raise PrepareDataError(f"{stats.sequences} {name} sequences cannot fill {len(stats.shard_sizes)} "
+                                   "shards; lower --num_shards or add text")
+    for shard_set in shard_sets.values():
+        shard_set.finish()
+    unk = summary.sets[TRAIN].unk_tokens / max(summary.sets[TRAIN].tokens, 1)
+    if unk > 0.05:
+        logger.warning("%.1f%% of the tokens are [UNK]: does the vocab fit the text and the "
+                       "lower-casing (--do_lower_case/--no_lower_case)?", 100 * unk)
+
+
+def _install(out, tmp, vocab_file, shard_sets):
+    """Everything is complete: move the vocab and the shards from `tmp` into place."""
+    if not _same_file(vocab_file, os.path.join(out, "vocab.txt")):
+        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt.final"))
+        os.replace(os.path.join(tmp, "vocab.txt.final"), os.path.join(out, "vocab.txt"))
+    for shard_set in shard_sets.values():
+        shard_set.install()
+    if VALIDATION not in shard_sets:
+        remove_shards(os.path.join(out, VALIDATION))   # an older run's (only with --overwrite)
+
+
+def _peak_rss_mb(who):
+    """Peak resident set size in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(who).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def _start_pool(workers, settings, tokenizer, tokens_by_id):
+    """A pool whose workers each hold a ChunkProcessor (forked where possible: no re-import)."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
+    # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return ctx.Pool(workers, initializer=_init_worker, initargs=(settings, tokenizer, tokens_by_id))
+    finally:
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _ordered_results(chunks, pool, processor, workers, total_bytes):
+    """Process chunks in order: yields (set name, result, input bytes), with a progress bar.
+
+    With a pool, at most 2 chunks per worker are in flight, so memory stays bounded.
+    """
+    from tqdm import tqdm
+
+    in_flight = collections.deque()
+    sequences = 0
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,
+              leave=False) as bar:
+        def emit(name, result, nbytes):
+            nonlocal sequences
+            sequences += result[0].sequences
+            bar.update(nbytes)
+            bar.set_postfix(sequences=sequences, refresh=False)
+            return name, result, nbytes
+
+        for *task, nbytes in chunks:
+            name = task[0]
+            if pool is None:
+                yield emit(name, processor(*task), nbytes)
+                continue
+            in_flight.append((name, pool.apply_async(_run_chunk, task), nbytes))
+            if len(in_flight) >= 2 * workers:
+                n, r, b = in_flight.popleft()
+                yield emit(n, r.get(), b)
+        while in_flight:
+            n, r, b = in_flight.popleft()
+            yield emit(n, r.get(), b)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line: `error: ...`, exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser():
+    p = _Parser(description="Turn raw text (one sentence per line, blank line between documents) into "
+                            "BERT pretraining shards: NVIDIA hdf5 or Bing numpy.",
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, help="text files or folders of .txt files")
+    p.add_argument("--output_dir", required=True,
+                   help="writes vocab.txt, train/ and validation/ here")
+    p.add_argument("--format", choices=["nvidia", "bing"], default="nvidia",
+                   help="nvidia: hdf5 shards with static masking; bing: numpy token-string shards")
+    p.add_argument("--bing_layout", choices=["separator", "offsets"], default="separator",
+                   help="bing: tokens split by byte 0x1f, or located by token_offsets.npy")
+    p.add_argument("--vocab_file", default=None, help="an existing BERT vocab.txt")
+    p.add_argument("--build_vocab", type=int, default=None, metavar="N",
+                   help="train a WordPiece vocab of about N entries on the input instead "
+                        "(written to OUT/vocab.txt; may differ slightly between runs)")
+    p.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
+                   help="lower-case and strip accents (uncased vocab)")
+    p.add_argument("--no_lower_case", dest="do_lower_case", action="store_false",
+                   help="keep case and accents (cased vocab)")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--max_predictions_per_seq", type=int, default=20,
+                   help="cap on masked positions per sequence (nvidia)")
+    p.add_argument("--masked_lm_prob", type=float, default=0.15, help="share of tokens masked (nvidia)")
+    p.add_argument("--short_seq_prob", type=float, default=0.1,
+                   help="probability of a shorter target length for a document")
+    p.add_argument("--dupe_factor", type=int, default=5,
+                   help="passes over the documents, each cutting (and masking) them differently")
+    p.add_argument("--num_shards", type=int, default=1, help="training shards (validation: one)")
+    p.add_argument("--validation_fraction", type=float, default=0.0,
+                   help="share of documents put in the validation set (0: none)")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=1, help="worker processes")
+    p.add_argument("--chunk_size_mb", type=float, default=0.25,
+                   help="text per unit of work; random next sentences come from the same chunk")
+    p.add_argument("--prefix", default=None,
+                   help="nvidia file name prefix (default: the output folder's name)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in --output_dir")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = prepare(args)
+    except (PrepareDataError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
