@@ -25,13 +25,23 @@ def launcher_cmd(num_ranks=1):
     return base + ["--num_gpus", str(num_ranks), "--master_port", str(free_port())]
 
 
-def launch(train_args, num_ranks=1, timeout=600):
-    """Run the training script under the launcher; returns the CompletedProcess (text output)."""
+def launch_env():
+    """The test process's environment without a process group of its own (the launcher sets it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                                              "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = launcher_cmd(num_ranks) + [os.path.join(REPO, "deepspeed_train.py")] + list(train_args)
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    env["OMP_NUM_THREADS"] = "1"  # tiny models; ranks share the machine's cores
+    return env
+
+
+def train_cmd(train_args, num_ranks=1):
+    return launcher_cmd(num_ranks) + [os.path.join(REPO, "deepspeed_train.py")] + [str(a) for a in train_args]
+
+
+def launch(train_args, num_ranks=1, timeout=600):
+    """Run the training script under the launcher; returns the CompletedProcess (text output)."""
+    return subprocess.run(train_cmd(train_args, num_ranks), cwd=REPO, env=launch_env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def tiny_args(data_root, out, seq=128, *extra, nvidia=True):

@@ -105,14 +105,10 @@ def _start(train_args, out_file):
     """Start a launcher run in its own process group, output to a file."""
     import subprocess
 
-    from tests.launch import REPO, launcher_cmd
+    from tests.launch import REPO, launch_env, train_cmd
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}
-    env["PYTHONUNBUFFERED"] = "1"
-    cmd = launcher_cmd(1) + [os.path.join(REPO, "deepspeed_train.py")] + [str(a) for a in train_args]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(train_cmd(train_args), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_for_step(proc, out_file, step, timeout=300):
