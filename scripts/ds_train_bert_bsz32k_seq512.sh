@@ -3,6 +3,7 @@
 # learning rate re-warmed. Usage:
 #   bash scripts/ds_train_bert_bsz32k_seq512.sh DATA_DIR OUT_DIR PHASE1_CKPT_DIR PHASE1_TAG [extra flags]
 # e.g. PHASE1_CKPT_DIR=OUT/saved_models/bing_bert_large_lamb_seq PHASE1_TAG=epoch16_step7038
+# JOB_CONFIG and PROVIDER_FLAGS pick another job config / data provider (the nvidia_data scripts set them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:?data folder}
@@ -13,7 +14,7 @@ shift 4
 launcher=(deepspeed)
 [ -n "${HOSTFILE:-}" ] && launcher+=(--hostfile "$HOSTFILE")
 "${launcher[@]}" deepspeed_train.py \
-  --cf bert_config.json \
+  --cf "${JOB_CONFIG:-bert_config.json}" ${PROVIDER_FLAGS:-} \
   --max_seq_length 512 --max_predictions_per_seq 80 \
   --output_dir "$OUT" --data_path_prefix "$DATA" \
   --deepspeed --deepspeed_config configs/ds_config_seq512.json \

@@ -4,19 +4,5 @@
 #   bash scripts/ds_train_bert_nvidia_data_bsz32k_seq512.sh DATA_DIR OUT_DIR PHASE1_CKPT_DIR PHASE1_TAG [extra flags]
 # e.g. PHASE1_CKPT_DIR=OUT/saved_models/bing_bert_large_lamb_nvidia_data PHASE1_TAG=epoch16_step7038
 set -euo pipefail
-cd "$(dirname "$0")/.."
-DATA=${1:?data folder}
-OUT=${2:?output folder}
-CKPT=${3:?phase-1 checkpoint folder}
-TAG=${4:?phase-1 checkpoint tag}
-shift 4
-launcher=(deepspeed)
-[ -n "${HOSTFILE:-}" ] && launcher+=(--hostfile "$HOSTFILE")
-"${launcher[@]}" deepspeed_train.py \
-  --cf configs/bert_large_nvidia_data.json --use_nvidia_dataset \
-  --max_seq_length 512 --max_predictions_per_seq 80 \
-  --output_dir "$OUT" --data_path_prefix "$DATA" \
-  --deepspeed --deepspeed_config configs/ds_config_seq512.json \
-  --lr_schedule EE --print_steps 100 \
-  --load_training_checkpoint "$CKPT" --load_checkpoint_id "$TAG" --rewarmup \
-  "$@"
+JOB_CONFIG=configs/bert_large_nvidia_data.json PROVIDER_FLAGS=--use_nvidia_dataset \
+  exec bash "$(dirname "$0")/ds_train_bert_bsz32k_seq512.sh" "$@"
