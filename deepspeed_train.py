@@ -559,6 +559,7 @@ class Reporter:
             # a unique suffix: a resumed session in the same second must not overwrite the file
             self.writer = SummaryWriter(args.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
+        self.fp16_skipped = 0      # the engine's count of overflow-skipped steps, last seen
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
 
     def step(self, state, lr, loss, data_wait, engine, ctx):
@@ -569,6 +570,12 @@ class Reporter:
                 self.writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), state.global_step)
             if self.args.progressive_layer_drop:
                 self.writer.add_scalar("Train/pld_theta", ctx.pld_theta(state.global_step - 1), state.global_step)
+            if engine.fp16_enabled() and engine.skipped_steps != self.fp16_skipped:
+                # DeepSpeed's dynamic loss scale skipped this step (gradient overflow)
+                self.fp16_skipped = engine.skipped_steps
+                logger.warning("fp16 overflow: step %d skipped by the loss scaler (%d in all)",
+                               state.global_step, self.fp16_skipped)
+                self.writer.add_scalar("Train/fp16_skipped_steps", self.fp16_skipped, state.global_step)
         start, samples, waited = self.window
         samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * \
             get_rank_and_world()[1]

@@ -95,6 +95,8 @@ def get_argument_parser():
         help="transformer kernel: recompute GELU in backward")
     add("--deepspeed_sparse_attention", action="store_true", default=False,
         help="block-sparse self-attention configured by ds_config 'sparse_attention'")
+    add("--checkpoint_activations", action="store_true", default=False,
+        help="recompute each encoder layer in backward: less activation memory, ~1/3 more compute")
     add("--progressive_layer_drop", action="store_true", default=False,
         help="progressive layer drop, theta from ds_config 'progressive_layer_drop'")
     return parser

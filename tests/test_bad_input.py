@@ -7,6 +7,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import deepspeed_train
 from tests.launch import TINY_CFG, TINY_DS
@@ -159,3 +160,40 @@ def test_nothing_written_is_touched(capsys, data_root, tmp_path):
     cf = write_json(tmp_path / "job.json", {**tiny_config(), "bert_token_file": "missing.txt"})
     run_expect_error(capsys, argv(data_root, out, cf))
     assert keep.read_bytes() == b"weights" and not (out / "runs").exists()
+
+
+def test_one_bit_optimizer_refused_on_cpu(capsys, data_root, tmp_path):
+    ds = write_json(tmp_path / "ds.json", {**json.load(open(TINY_DS)),
+                                           "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, ds))
+    assert "optimizer 'OneBitAdam' needs CUDA and cupy" in line
+
+
+def test_fp16_refused_on_cpu(capsys, data_root, tmp_path):
+    ds = write_json(tmp_path / "ds.json", {**json.load(open(TINY_DS)), "fp16": {"enabled": True}})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, ds))
+    assert "fp16 needs a CUDA GPU" in line
+
+
+def test_one_bit_parameter_groups_mask_position_embeddings(tmp_path):
+    import argparse
+
+    from turing.models import BertMultiTask
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(11)]))
+    config = tiny_config()
+    config["training"] = config["mixed_seq_training"]["128"]
+    for opt, flat in (("OneBitAdam", True), ("OneBitLamb", False)):
+        args = argparse.Namespace(config=config, vocab_file=str(vocab), max_seq_length=128,
+                                  ds_config={"optimizer": {"type": opt}})
+        groups = deepspeed_train.prepare_optimizer_parameters(args, BertMultiTask(args))
+        masked = [g for g in groups if "exp_avg_mask" in g]
+        assert len(masked) == 1
+        mask = masked[0]["exp_avg_mask"]
+        rows = masked[0]["params"][0].shape[0]
+        expected = torch.zeros(masked[0]["params"][0].shape)
+        expected[:128] = 1
+        assert torch.equal(mask, expected.flatten() if flat else expected) and rows == 512
+        names = sum(len(g["params"]) for g in groups)
+        assert names == len([n for n, _ in BertMultiTask(args).network.named_parameters() if "pooler" not in n])
