@@ -135,3 +135,18 @@ def test_use_pretrain_rejects_a_file_that_is_not_weights(data_root, tmp_path, ca
         train(data_root, tmp_path / "out", ds_config(tmp_path), "--use_pretrain", cf=cf)
     assert exit_info.value.code == 2
     assert "junk.pt: not a torch state dict" in capsys.readouterr().err
+
+
+def test_export_of_a_bf16_zero2_checkpoint(data_root, tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    from tools.export_hf import export
+
+    ds = ds_config(tmp_path, bf16={"enabled": True}, zero_optimization={"stage": 2})
+    train(data_root, tmp_path / "out", ds, "--max_steps", 2)
+    files = os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert" / "step2")
+    assert any(f.startswith("bf16_zero_pp_rank_0") for f in files)       # a real ZeRO-2 bf16 checkpoint
+    # export() runs our model and the exported one on a padded batch and fails if logits differ
+    export(str(tmp_path / "out" / "saved_models" / "tiny_bert"), str(tmp_path / "hf"))
+    model = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
+    assert model.config.model_type == "roberta-prelayernorm"
