@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from turing.jsonfile import read_json
 from turing.lamb import find_lamb_coeffs
 from turing.tokenization import load_vocab, vocab_size_padded
 from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
@@ -83,13 +84,7 @@ def get_arguments(argv=None):
 
 
 def _read_json(path, what):
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: {what} not found")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    return read_json(path, what, InputError)
 
 
 def _require(config, keys, where):

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError,  # noqa: E402
                                load_checkpoint_state, ours_to_hf, resolve_checkpoint_tag_dir)
+from turing.jsonfile import read_json  # noqa: E402
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded  # noqa: E402
 
@@ -61,13 +62,7 @@ def build_parser():
 
 
 def _read_json(path, what):
-    if not os.path.isfile(path):
-        raise ExportError(f"{path}: {what} not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path, what, ExportError)
 
 
 def _vocab_candidates(token_file, bases):

@@ -37,6 +37,7 @@ import re
 
 import torch
 
+from turing.jsonfile import read_json
 from turing.modeling import LAYER_NORM_EPS, BertConfig
 from turing.tokenization import vocab_size_padded
 
@@ -217,13 +218,7 @@ def _config_dict(hf_config):
         path = os.fspath(hf_config)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise CheckpointNotFoundError(f"{path}: Hugging Face config.json not found")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConversionError(f"{path}: not valid JSON ({e})") from None
+        return read_json(path, "Hugging Face config.json", ConversionError, CheckpointNotFoundError)
     if isinstance(hf_config, dict):
         return dict(hf_config)
     if hasattr(hf_config, "to_dict"):  # a transformers PretrainedConfig
@@ -411,13 +406,7 @@ def _tags(folder):
 
 
 def _read_json_if_present(path):
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path, "file", ConversionError) if os.path.isfile(path) else None
 
 
 def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None):

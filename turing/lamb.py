@@ -20,12 +20,13 @@ term is scaled by it too), and the decoupled weight decay is part of the update 
 sets c. With `bias_correction=False` (the Bing BERT recipe) the two readings coincide.
 """
 import copy
-import json
 import logging
 import math
 import os
 
 import torch
+
+from turing.jsonfile import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -162,14 +163,7 @@ def find_lamb_coeffs(optimizer):
 def _read_ds_config(ds_config):
     if isinstance(ds_config, dict):
         return ds_config
-    path = os.fspath(ds_config)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"DeepSpeed config {path} does not exist")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise LambConfigError(f"DeepSpeed config {path} is not valid JSON: {e}") from None
+    return read_json(ds_config, "DeepSpeed config", LambConfigError, FileNotFoundError)
 
 
 def lamb_kwargs_from_ds(params, where="optimizer.params"):
