@@ -849,12 +849,12 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
                                  f"stopped by {signal.Signals(signum).name}", 128 + signum)
         if over_time:
             stop = "time"
-        elif state.global_step - state.restore_step >= args.max_steps:
+        elif is_time_to_exit(args, global_steps=state.global_step - state.restore_step):
             stop = "max_steps"
         if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
-        if stop or epoch_steps >= args.max_steps_per_epoch:
+        if stop or is_time_to_exit(args, epoch_steps=epoch_steps):
             break
     bar.close()
     reporter.flush()

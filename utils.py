@@ -109,9 +109,11 @@ def get_rank_and_world():
     return 0, 1
 
 
-def is_time_to_exit(args, epoch_steps=0, global_steps=0):
+def is_time_to_exit(args, epoch_steps=None, global_steps=None):
     """True when the epoch or the whole run has done its allotted optimizer steps.
 
-    `epoch_steps` counts this epoch's optimizer steps; `global_steps` those since the restore.
+    `epoch_steps` counts this epoch's optimizer steps; `global_steps` those since the restore;
+    either may be left out.
     """
-    return epoch_steps >= args.max_steps_per_epoch or global_steps >= args.max_steps
+    return ((epoch_steps is not None and epoch_steps >= args.max_steps_per_epoch)
+            or (global_steps is not None and global_steps >= args.max_steps))

@@ -150,3 +150,10 @@ def test_export_of_a_bf16_zero2_checkpoint(data_root, tmp_path):
     export(str(tmp_path / "out" / "saved_models" / "tiny_bert"), str(tmp_path / "hf"))
     model = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
     assert model.config.model_type == "roberta-prelayernorm"
+
+
+def test_max_steps_per_epoch_ends_each_epoch_early(data_root, tmp_path):
+    state = train(data_root, tmp_path / "out", ds_config(tmp_path), "--max_steps_per_epoch", 2)
+    assert (state.epoch, state.global_step) == (2, 4)
+    assert sorted(os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")) == \
+        ["epoch1_step2", "epoch2_step4", "latest"]

@@ -22,7 +22,6 @@ sets c. With `bias_correction=False` (the Bing BERT recipe) the two readings coi
 import copy
 import logging
 import math
-import os
 
 import torch
 
