@@ -163,8 +163,8 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             self._current[folder] = shards[dataset_type]
             batches[dataset_type] = len(shards[dataset_type]) // self.world // self.micro // repeat
             if batches[dataset_type] == 0:
-                logger.warning("epoch %d: shard %s has %d samples, fewer than world x micro x grad_accum x "
-                               "refresh_bucket_size = %d; it gives no batches", index, folder,
+                logger.warning("Epoch %d: shard %s has %d samples, fewer than world x micro x grad_accum x "
+                               "refresh_bucket_size = %d; it gives no batches", index + 1, folder,
                                len(shards[dataset_type]), per_step)
         # Prefetched shards of another epoch are no longer wanted.
         self._prefetched.clear()
@@ -194,7 +194,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             self._iterators[int(dataset_type)] = _BatchIterator(
                 loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
         remaining = picker[start_batch:]
-        logger.info("epoch %d: %s; %d micro batches%s", index,
+        logger.info("Epoch %d: %s; %d micro batches%s", index + 1,
                     ", ".join(f"{t.name} {os.path.basename(shards[t].name)} ({len(shards[t])} samples, "
                               f"{batches[t] * repeat} micro batches)" for t in shards),
                     len(picker), f", starting at {start_batch}" if start_batch else "")
