@@ -8,13 +8,20 @@ them one fixed batch, and times full training steps (forward, backward, AdamW st
 grad). Models run in alternating rounds (round r starts with a different model) so every
 model sees the same machine load; a fp32/bf16 matmul peak is measured in the same run, once
 per round. Reported per model: the median step time over all rounds (samples/s, tokens/s),
-process CPU seconds per step, peak memory, and FLOP utilisation; then the ratios ours /
-reference and ours / HF (ratio of medians, and median of the per-round ratios).
+process CPU seconds per step, peak memory, and FLOP utilisation; then the speed of the first
+model in --models (ours by default) over each other's: ratio of medians, and median of the
+per-round ratios.
 
     python bench/bench_model.py                                  # the anchor: L4 H256 seq 128 batch 32
     python bench/bench_model.py --pad 0.5 --unpad
     python bench/bench_model.py --profile --models ours          # torch.profiler breakdown
+    python bench/bench_model.py --models ours,ours+fused,ours+fastdrop,reference   # A/B variants
     python bench/bench_model.py --device cuda --large --dtype bf16 --seq 128 --batch 64
+
+Variants, joined to a model name with '+': `fused` / `foreach` (AdamW implementation),
+`compile` (torch.compile), `fastdrop` (ours only: the CPU dropout and attention proposed in
+bench/README.md, patched into the instance). `--glibc_heap` is process-wide (glibc's mallopt
+cannot be undone), so compare it across two runs.
 
 Batch. Every row has round(seq * (1 - pad)) real tokens (segment A then B), the rest padding;
 min(max_pred, max(1, round(real * 0.15))) positions per row are labelled (SPEC 6b's rule).
@@ -145,6 +152,8 @@ def parse_args(argv=None):
     if unknown or not args.models or len(set(args.models)) < len(args.models):
         raise BenchError(f"--models: unknown or repeated {unknown or args.models}; expected distinct entries of "
                          f"{','.join(MODELS)}, each optionally followed by +{'/+'.join(VARIANTS)}")
+    if any("fastdrop" in m.split("+")[1:] and m.split("+")[0] != "ours" for m in args.models):
+        raise BenchError("--models: the fastdrop variant patches our model only (ours+fastdrop)")
     if not 0.0 <= args.pad < 1.0:
         raise BenchError(f"--pad must be in [0, 1), got {args.pad}")
     if args.vocab < 8:
@@ -223,9 +232,7 @@ def build_model(spec, args, device, dtype, our_state=None):
                                  layer_norm_eps=1e-12, attn_implementation="sdpa")
         model = BertForPreTraining(hf_config)
     if "fastdrop" in variants:
-        if name != "ours":
-            raise BenchError(f"--models {spec}: the fastdrop variant patches our model only")
-        patch_fast_dropout(model)
+        patch_fast_dropout(model)  # parse_args allows it on ours only
     model = model.to(device=device, dtype=dtype).train()
     runner = model
     if args.compile or "compile" in variants:
