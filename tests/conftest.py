@@ -1,6 +1,18 @@
 """Suite-wide settings: the tests train 2-layer, 64-wide models, for which one intra-op
 thread is as fast as two and avoids oversubscribing a 2-core machine when launcher ranks
 or DataLoader work run beside the test process."""
+import pytest
 import torch
 
+from tests.synthetic import make_data_root
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """Tiny shards in both formats (read-only): 2 shards x 64 samples at seq 128, so micro batch
+    16 gives 4 optimizer steps per epoch with the NVIDIA provider; 16 validation samples."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
+    return root

@@ -1,4 +1,5 @@
 """Run deepspeed_train.py through the real `deepspeed` launcher from tests."""
+import json
 import os
 import re
 import shutil
@@ -55,3 +56,24 @@ def tiny_args(data_root, out, seq=128, *extra, nvidia=True):
 def progress(output):
     """[(step, loss, lr, samples)] of the progress lines in a run's output."""
     return [(int(s), float(l), float(r), int(c)) for s, l, r, c in PROGRESS.findall(output)]
+
+
+def ds_config(tmp_path, **extra):
+    """Write a tiny-run DeepSpeed config (AdamW, micro batch 16) with `extra` keys to tmp_path/ds.json."""
+    config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True}}, "gradient_clipping": 1.0}
+    config.update(extra)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def train_in_process(data_root, out, ds, *extra, cf=TINY_CFG):
+    """deepspeed_train.main in this process, NVIDIA provider, tiny config unless `cf` is given."""
+    import deepspeed_train
+
+    return deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds), "--output_dir", str(out),
+                                 "--data_path_prefix", str(data_root), "--max_seq_length", "128",
+                                 "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1",
+                                 "--log_level", "warning", *[str(x) for x in extra]])

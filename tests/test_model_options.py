@@ -8,7 +8,6 @@ so what is checked is our side: construction, the config we pass, init, the forw
 loading weights of either layout.
 """
 import argparse
-import json
 import math
 
 import pytest
@@ -16,9 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import deepspeed_train
-from tests.launch import TINY_CFG
-from tests.synthetic import make_data_root
+from tests.launch import ds_config, train_in_process
 from turing.hf_convert import ConversionError, from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.modeling import LAYER_NORM_EPS, BertConfig, BertForPreTrainingPreLN, check_model_flags
 from turing.tb_events import read_run
@@ -285,24 +282,8 @@ def test_kernel_rejects_what_it_cannot_run(stand_in_kernel, extra, message):
 # Through the training entry point
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sparse_data")
-    make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
-    return root
-
-
 def run_main(data_root, tmp_path, ds, *extra):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True}}, "gradient_clipping": 1.0}
-    config.update(ds)
-    (tmp_path / "ds.json").write_text(json.dumps(config))
-    return deepspeed_train.main([
-        "--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", str(tmp_path / "ds.json"),
-        "--output_dir", str(tmp_path / "out"), "--data_path_prefix", str(data_root), "--max_seq_length", "128",
-        "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1", "--log_level", "warning",
-        *extra])
+    return train_in_process(data_root, tmp_path / "out", ds_config(tmp_path, **ds), *extra)
 
 
 def test_training_run_with_fixed_sparse_attention(data_root, tmp_path):

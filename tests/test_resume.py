@@ -7,17 +7,8 @@ import torch
 
 import deepspeed_train
 from tests.launch import TINY_CFG, TINY_DS
-from tests.synthetic import make_data_root
 from turing.modeling import BertForPreTrainingPreLN
 from turing.tb_events import read_run
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    # 2 shards x 64 samples, micro batch 16: 4 optimizer steps per epoch, 2 epochs.
-    root = tmp_path_factory.mktemp("resume_data")
-    make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
-    return root
 
 
 def train(data_root, out, provider, *extra):

@@ -7,27 +7,8 @@ import os
 import pytest
 import torch
 
-import deepspeed_train
-from tests.launch import TINY_CFG
-from tests.synthetic import make_data_root
+from tests.launch import TINY_CFG, ds_config, train_in_process as train
 from turing.tb_events import read_run
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("feature_data")
-    make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
-    return root
-
-
-def ds_config(tmp_path, **extra):
-    config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True}}, "gradient_clipping": 1.0}
-    config.update(extra)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(config))
-    return path
 
 
 def job_config(tmp_path, **extra):
@@ -37,13 +18,6 @@ def job_config(tmp_path, **extra):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(config))
     return path
-
-
-def train(data_root, out, ds, *extra, cf=TINY_CFG):
-    return deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds), "--output_dir", str(out),
-                                 "--data_path_prefix", str(data_root), "--max_seq_length", "128",
-                                 "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1",
-                                 "--log_level", "warning", *[str(x) for x in extra]])
 
 
 def scalars(out):
