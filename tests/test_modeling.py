@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests import reference_model
 from turing.batch import Batch, BatchType
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN, _LinearCrossEntropy
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN, _LinearCrossEntropy, dropout
 from turing.models import BertMultiTask, CheckpointError
 
 VOCAB, HIDDEN, LAYERS, HEADS, INTER, SEQ, BATCH = 96, 64, 2, 4, 128, 32, 4
@@ -297,6 +297,82 @@ def test_activation_checkpointing_gives_same_loss_and_grads():
     assert torch.equal(losses[0], losses[1])
     for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=0), name
+
+
+def test_cpu_dropout_drops_p_scales_the_rest_and_replays_with_the_seed():
+    x = torch.ones(1000, 1000, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1, True)
+    kept = y != 0
+    assert abs(1.0 - kept.float().mean().item() - 0.1) < 0.002           # 1M draws: 0.1 within 6 sigma
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())                                # same mask, same scale
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.1, True), y)                          # the torch generator drives it
+    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
+    rows = dropout(torch.ones(64, 4096), 0.5, True).ne(0).float().mean(1)
+    assert rows.min() > 0.4 and rows.max() < 0.6                          # no structure across rows
+
+
+def test_training_attention_matches_sdpa_when_dropout_is_zero(models):
+    """The written-out CPU attention (used in training with dropout) is SDPA's math."""
+    ours, _ = models
+    batch = make_batch()
+    eval_loss = ours(batch)
+    for module in ours.modules():
+        if hasattr(module, "dropout_p"):
+            module.dropout_p = 1e-9                                       # take the training path
+    ours.train()
+    for module in ours.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    assert torch.allclose(ours(batch), eval_loss, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layers_to_checkpoint", [False, True])
+def test_unpad_gives_the_padded_models_loss_and_grads(models, layers_to_checkpoint):
+    padded, _ = models
+    unpadded = BertForPreTrainingPreLN(make_config(), argparse.Namespace(
+        unpad=True, checkpoint_activations=layers_to_checkpoint)).eval()
+    unpadded.load_state_dict(padded.state_dict())
+    assert unpadded.unpad and not padded.unpad
+    batch = make_batch()
+    labels = batch.masked_lm_labels.clone()
+    labels[3, 12] = 7                                                     # a label on a padding position
+    batch = batch._replace(masked_lm_labels=labels)
+    losses = []
+    for model in (padded, unpadded):
+        loss = model(batch)
+        loss.backward()
+        losses.append(loss)
+    assert torch.allclose(losses[0], losses[1], atol=1e-6, rtol=0)
+    for (name, p), q in zip(padded.named_parameters(), unpadded.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+    # In training it runs the encoder on fewer tokens, with its own dropout draws, deterministically.
+    unpadded.train()
+    torch.manual_seed(5)
+    first = unpadded(batch)
+    torch.manual_seed(5)
+    assert torch.equal(unpadded(batch), first) and math.isfinite(first.item())
+
+
+def test_unpad_leaves_full_batches_and_predict_alone(models):
+    padded, _ = models
+    unpadded = BertForPreTrainingPreLN(make_config(), argparse.Namespace(unpad=True)).eval()
+    unpadded.load_state_dict(padded.state_dict())
+    batch = make_batch()
+    full = batch._replace(input_mask=torch.ones_like(batch.input_mask))
+    assert torch.equal(unpadded(full), padded(full))
+    for a, b in zip(unpadded.predict(batch.input_ids, batch.segment_ids, batch.input_mask),
+                    padded.predict(batch.input_ids, batch.segment_ids, batch.input_mask)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("flag", ["deepspeed_sparse_attention", "deepspeed_transformer_kernel"])
+def test_unpad_with_attention_options_is_a_clear_error(flag):
+    with pytest.raises(ValueError, match=f"--unpad cannot be combined with --{flag}"):
+        BertForPreTrainingPreLN(make_config(), argparse.Namespace(unpad=True, **{flag: True}))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
