@@ -290,6 +290,26 @@ def load_pretrained_weights(args, network):
     logger.info("Started from pretrained weights %s", path)
 
 
+def compile_model(network):
+    """--compile: torch.compile the network's forward in place (its state_dict keys do not change).
+
+    Compilation happens at the first forward; a graph that fails there runs eagerly, with
+    torch's warning, instead of stopping the run. Returns False when torch.compile cannot be
+    set up at all (the run goes on uncompiled, with a warning).
+    """
+    try:
+        import torch._dynamo
+
+        torch._dynamo.config.suppress_errors = True
+        network.compile()
+    except Exception as e:  # noqa: BLE001 - any failure to set up compile leaves the model eager
+        logger.warning("--compile: torch.compile is not usable here (%s); training uncompiled",
+                       str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return False
+    logger.info("--compile: the model is compiled at its first forward (this takes a while)")
+    return True
+
+
 def prepare_model_optimizer(args):
     """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer)."""
     import deepspeed
@@ -301,6 +321,8 @@ def prepare_model_optimizer(args):
     model = BertMultiTask(args)
     if args.use_pretrain:
         load_pretrained_weights(args, model.network)
+    if args.compile:
+        compile_model(model.network)
     groups = prepare_optimizer_parameters(args, model)
     # Blocks DeepSpeed 0.19 no longer knows (and refuses) are ours to read: sparse attention
     # (the model builds it) and progressive layer drop (theta computed in RunContext).

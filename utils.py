@@ -99,6 +99,11 @@ def get_argument_parser():
         help="recompute each encoder layer in backward: less activation memory, ~1/3 more compute")
     add("--progressive_layer_drop", action="store_true", default=False,
         help="progressive layer drop, theta from ds_config 'progressive_layer_drop'")
+    add("--unpad", action="store_true", default=False,
+        help="run the encoder on real tokens only (padding dropped, restored for the loss): faster on "
+             "batches with padding, e.g. phase 2; same results in eval, other dropout draws in training")
+    add("--compile", action="store_true", default=False,
+        help="torch.compile the model; parts that fail to compile run eagerly, with a warning")
     return parser
 
 
