@@ -15,12 +15,13 @@ per-round ratios.
     python bench/bench_model.py                                  # the anchor: L4 H256 seq 128 batch 32
     python bench/bench_model.py --pad 0.5 --unpad
     python bench/bench_model.py --profile --models ours          # torch.profiler breakdown
-    python bench/bench_model.py --models ours,ours+fused,ours+fastdrop,reference   # A/B variants
+    python bench/bench_model.py --pad 0.5 --models ours+unpad,ours                 # --unpad vs padded
+    python bench/bench_model.py --models ours,ours+fused,reference                # A/B variants
     python bench/bench_model.py --device cuda --large --dtype bf16 --seq 128 --batch 64
 
 Variants, joined to a model name with '+': `fused` / `foreach` (AdamW implementation),
-`compile` (torch.compile), `fastdrop` (ours only: the CPU dropout and attention proposed in
-bench/README.md, patched into the instance). `--glibc_heap` is process-wide (glibc's mallopt
+`compile` (torch.compile), `unpad` (ours only: built with `unpad=True`, as `--unpad` does for
+every "ours" entry). `--glibc_heap` is process-wide (glibc's mallopt
 cannot be undone), so compare it across two runs.
 
 Batch. Every row has round(seq * (1 - pad)) real tokens (segment A then B), the rest padding;
@@ -51,15 +52,13 @@ sharing a process. On CUDA: the model's persistent tensors (weights, master
 weights, optimizer state) plus the largest rise of `torch.cuda.max_memory_allocated` during
 its steps, measured in-process.
 
-`--unpad` is passed to our model as `args.unpad`; it is used only if the model reports it
-honours it (`model.unpad` true after construction), otherwise the run notes it and times the
-padded model.
+`--unpad` (or the `unpad` variant) is passed to our model as `args.unpad`; the FLOP count
+treats it as active when the model reports it honours it (`model.unpad` true).
 """
 import argparse
 import datetime
 import json
 import logging
-import math
 import os
 import platform
 import resource
@@ -67,10 +66,8 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 
 import torch
-import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -81,7 +78,7 @@ from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 logger = logging.getLogger("bench_model")
 
 MODELS = ("ours", "reference", "hf")
-VARIANTS = ("fused", "foreach", "compile", "fastdrop")  # "ours+fused": ours with fused AdamW
+VARIANTS = ("fused", "foreach", "compile", "unpad")  # "ours+fused": ours with fused AdamW
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LARGE = dict(layers=24, hidden=1024, heads=16, intermediate=4096)
 
@@ -129,8 +126,8 @@ def parse_args(argv=None):
     add("--compile", action="store_true", help="torch.compile every model (skipped with a warning on failure)")
     add("--models", default="ours,reference,hf",
         help="comma-separated models: ours, reference, hf, each optionally with variants joined by '+': "
-             "fused (fused AdamW), foreach (foreach AdamW), compile (torch.compile), fastdrop (ours only: "
-             "the proposed CPU dropout and attention, patched in; see bench/README.md); e.g. ours,ours+fused")
+             "fused (fused AdamW), foreach (foreach AdamW), compile (torch.compile), unpad (ours only: "
+             "drop padding tokens, like --unpad); e.g. ours,ours+fused or ours+unpad,ours")
     add("--glibc_heap", action="store_true",
         help="before anything else, make glibc malloc keep freed memory (no mmap, no trim) for the whole "
              "process; compare against a run without it (it cannot be undone inside a process)")
@@ -152,8 +149,8 @@ def parse_args(argv=None):
     if unknown or not args.models or len(set(args.models)) < len(args.models):
         raise BenchError(f"--models: unknown or repeated {unknown or args.models}; expected distinct entries of "
                          f"{','.join(MODELS)}, each optionally followed by +{'/+'.join(VARIANTS)}")
-    if any("fastdrop" in m.split("+")[1:] and m.split("+")[0] != "ours" for m in args.models):
-        raise BenchError("--models: the fastdrop variant patches our model only (ours+fastdrop)")
+    if any("unpad" in m.split("+")[1:] and m.split("+")[0] != "ours" for m in args.models):
+        raise BenchError("--models: the unpad variant is an option of our model only (ours+unpad)")
     if not 0.0 <= args.pad < 1.0:
         raise BenchError(f"--pad must be in [0, 1), got {args.pad}")
     if args.vocab < 8:
@@ -212,9 +209,10 @@ def build_model(spec, args, device, dtype, our_state=None):
     torch.manual_seed(0)
     note = ""
     if name == "ours":
-        model = BertForPreTrainingPreLN(our_config(args), argparse.Namespace(unpad=args.unpad))
-        if args.unpad and not getattr(model, "unpad", False):
-            note = "--unpad not supported by turing.modeling yet: timed the padded model"
+        unpad = args.unpad or "unpad" in variants
+        model = BertForPreTrainingPreLN(our_config(args), argparse.Namespace(unpad=unpad))
+        if unpad and not getattr(model, "unpad", False):
+            note = "the model does not honour unpad: timed the padded model"
             logger.warning(note)
     elif name == "reference":
         model = reference_model.BertForPreTrainingPreLN(our_config(args))
@@ -231,8 +229,6 @@ def build_model(spec, args, device, dtype, our_state=None):
                                  max_position_embeddings=max(512, args.seq), type_vocab_size=2,
                                  layer_norm_eps=1e-12, attn_implementation="sdpa")
         model = BertForPreTraining(hf_config)
-    if "fastdrop" in variants:
-        patch_fast_dropout(model)  # parse_args allows it on ours only
     model = model.to(device=device, dtype=dtype).train()
     runner = model
     if args.compile or "compile" in variants:
@@ -264,76 +260,6 @@ class CompiledOrEager:
                 logger.warning("torch.compile(%s) failed, running eager: %s", self.spec, str(e).splitlines()[0])
                 self.compiled = None
         return self.model(*args, **kwargs)
-
-
-# ---------------------------------------------------------------------------------------------
-# The proposed CPU dropout and attention ("fastdrop" variant). Bench-only: it patches an
-# instance of turing.modeling's model to measure the change before it is made there.
-#
-# torch's CPU dropout draws one Bernoulli sample per element from the mt19937 generator
-# (single-threaded, about 6 ns an element) and keeps a float mask. Here one 32-bit draw gives
-# two 16-bit uniforms; an element is kept when its uniform is >= round(p * 65536) (so the drop
-# probability is p to within 2^-17) and the mask is kept as bool. On CPU, SDPA with dropout
-# runs its math path anyway (scaling q and k, copies, a masked softmax, torch's dropout), so
-# the patched attention writes that path out with the cheaper dropout.
-
-
-def _keep_mask(shape, p, device):
-    """Bool mask, True with probability 1 - p (p quantised to 1/65536), from the torch generator."""
-    n = math.prod(shape)
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=device).random_(-2 ** 31, 2 ** 31)
-    return bits.view(torch.int16)[:n].view(shape) >= (round(p * 65536) - 32768)
-
-
-class _FastDropoutFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, p):
-        keep = _keep_mask(x.shape, p, x.device)
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return torch.mul(x, keep).mul_(ctx.scale)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return torch.mul(grad, keep).mul_(ctx.scale), None
-
-
-class _FastDropout(torch.nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x):
-        return _FastDropoutFn.apply(x, self.p) if self.training and self.p > 0 else x
-
-
-def _fast_attention_forward(self, hidden_states, attention_mask):
-    """turing.modeling.BertSelfAttention.forward with the attention written out."""
-    B, L, H = hidden_states.shape
-    heads, d = self.num_attention_heads, self.attention_head_size
-    weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))  # (3H, H)
-    bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-    q, k, v = F.linear(hidden_states, weight, bias).view(B, L, 3, heads, d).unbind(2)
-    q = q.transpose(1, 2) * (1.0 / math.sqrt(d))  # (B, heads, L, d), contiguous
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).add_(attention_mask)  # (B, heads, L, L)
-    probs = torch.softmax(scores, -1)
-    if self.training and self.dropout_p > 0:
-        probs = _FastDropoutFn.apply(probs, self.dropout_p)
-    context = torch.matmul(probs, v.transpose(1, 2))  # (B, heads, L, d)
-    return context.transpose(1, 2).reshape(B, L, H)
-
-
-def patch_fast_dropout(model):
-    from turing.modeling import BertSelfAttention
-
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Dropout):
-                setattr(module, child_name, _FastDropout(child.p))
-        if isinstance(module, BertSelfAttention):
-            module.forward = types.MethodType(_fast_attention_forward, module)
-    return model
 
 
 class MasterWeightAdamW:
@@ -669,8 +595,7 @@ def main(argv=None):
         models[name] = (model, optimizer)
         steps[name] = make_step(model, loss_fn, optimizer, batch)
         notes[name] = note
-    unpad_active = bool(args.unpad) and any(split_spec(m)[0] == "ours" and getattr(models[m][0], "unpad", False)
-                                            for m in models)
+    unpad_active = {m: bool(getattr(models[m][0], "unpad", False)) for m in models}
 
     for name in args.models:  # warm-up: optimizer state, allocator, compile (cuBLAS heuristics on CUDA)
         for _ in range(3 if device.type == "cuda" else 1):
@@ -726,11 +651,10 @@ def main(argv=None):
           f"{'peak mem GiB':>12} {'MFU':>6} {'exec util':>9} {'useful GFLOP':>12} {'exec GFLOP':>10}")
     for name in args.models:
         med = statistics.median(times[name])
-        is_ours = split_spec(name)[0] == "ours"
-        useful, executed = step_flops(args, name, unpad_active and is_ours)
+        useful, executed = step_flops(args, name, unpad_active[name])
         mem = memory.get(name)
         rec = {**common, "bench": "model", "model": name, "note": notes[name],
-               "unpad_active": unpad_active and is_ours,
+               "unpad_active": unpad_active[name],
                "rounds": args.rounds, "steps_per_round": args.steps,
                "median_step_s": med, "min_step_s": min(times[name]), "max_step_s": max(times[name]),
                "samples_per_s": args.batch / med, "tokens_per_s": args.batch * args.seq / med,
