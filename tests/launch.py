@@ -61,7 +61,7 @@ def progress(output):
 def ds_config(tmp_path, **extra):
     """Write a tiny-run DeepSpeed config (AdamW, micro batch 16) with `extra` keys to tmp_path/ds.json."""
     config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True}}, "gradient_clipping": 1.0}
+              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True, "fused": True}}, "gradient_clipping": 1.0}
     config.update(extra)
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "ds.json"
