@@ -53,8 +53,10 @@ def parse_args(argv=None):
     add("--model_config", default=os.path.join(REPO, "configs", "demo", "bert_config.json"),
         help="job config whose bert_model_config sizes the model")
     add("--sync_data", action="store_true", help="turn the AsyncWorker off (drop the async_worker key)")
-    add("--fused_adam", action="store_true",
-        help='DeepSpeed config optimizer params "fused": true (passed on to torch.optim.AdamW)')
+    add("--plain_adam", action="store_true",
+        help='drop "fused" from the demo DeepSpeed config\'s AdamW params (torch\'s per-parameter loop)')
+    add("--train_args", default="",
+        help='extra deepspeed_train.py flags, one string, e.g. "--unpad" or "--compile"')
     add("--bf16", action="store_true", help='DeepSpeed config "bf16": {"enabled": true}')
     add("--keep", default=None, help="keep the generated data and runs in this folder instead of a temp dir")
     add("--omp_threads", type=int, default=None,
@@ -103,8 +105,8 @@ def write_inputs(root, args):
                                                  "bc_pretrain_dataset": "bing/bc"}}},
            "mixed_seq_training": {seq: training}}
     ds_config["train_micro_batch_size_per_gpu"] = args.batch
-    if args.fused_adam:
-        ds_config["optimizer"]["params"]["fused"] = True
+    if args.plain_adam:
+        ds_config["optimizer"]["params"].pop("fused", None)
     if args.bf16:
         ds_config["bf16"] = {"enabled": True}
     ds_config["gradient_accumulation_steps"] = 1
@@ -126,6 +128,7 @@ def run_provider(root, job_path, ds_path, provider, args, tag):
                   "--print_steps", "20", "--job_name", job_name]
     if provider == "nvidia":
         train_args.append("--use_nvidia_dataset")
+    train_args += args.train_args.split()
     # tests/launch.py pins tests to one intra-op thread; a benchmark runs with the machine's threads
     # (or --omp_threads), so the environment is the test helper's minus that pin.
     env = launch.launch_env()
@@ -196,7 +199,8 @@ def main(argv=None):
                        "command": "python bench/bench_e2e.py " + " ".join(argv), "round": r,
                        "seq": args.seq, "batch": args.batch, "steps": args.steps,
                        "omp_threads": args.omp_threads or os.environ.get("OMP_NUM_THREADS"),
-                       "async_worker": not args.sync_data, "fused_adam": args.fused_adam, "bf16": args.bf16,
+                       "async_worker": not args.sync_data, "fused_adam": not args.plain_adam, "bf16": args.bf16,
+                       "train_args": args.train_args,
                        "loadavg_start": load_start,
                        "loadavg_end": load_average(), **run, **summarise(run)}
                 records.append(rec)
@@ -205,7 +209,8 @@ def main(argv=None):
                     for w in run["windows"]) or "no throughput window logged")
 
     print(f"seq {args.seq}, micro batch {args.batch}, {args.steps} steps, "
-          f"AsyncWorker {'off' if args.sync_data else 'on'}{', fused AdamW' if args.fused_adam else ''}"
+          f"AsyncWorker {'off' if args.sync_data else 'on'}{', plain AdamW' if args.plain_adam else ', fused AdamW'}"
+          f"{' ' + args.train_args if args.train_args else ''}"
           f"{', bf16' if args.bf16 else ''}; windows of 20 steps, the first includes warm-up")
     print(f"{'provider':>8} {'round':>5} {'first: samples/s':>16} {'wait':>7} {'steady: samples/s':>17} "
           f"{'wait':>7} {'windows':>7} {'run wall s':>10}")

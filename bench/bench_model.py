@@ -25,7 +25,9 @@ every "ours" entry). `--glibc_heap` is process-wide (glibc's mallopt
 cannot be undone), so compare it across two runs.
 
 Batch. Every row has round(seq * (1 - pad)) real tokens (segment A then B), the rest padding;
-min(max_pred, max(1, round(real * 0.15))) positions per row are labelled (SPEC 6b's rule).
+with `--lengths uniform` the row lengths spread evenly over [seq·(1 - 2·pad), seq] instead (same
+mean, like real data). min(max_pred, max(1, round(real * 0.15))) positions per row are labelled
+(SPEC 6b's rule).
 
 Precision. fp32: the models and AdamW in fp32. bf16 / fp16: the model is held in that dtype
 (as DeepSpeed's bf16 and fp16 modes hold it) and AdamW updates fp32 master copies of the
@@ -38,9 +40,9 @@ a matmul with weights of P elements over T rows costs 6·P·T):
     pooler+NSP 6 · B · (H² + 2·H)
     MLM head   6 · R_t · H² + 6 · R_d · H · V      transform dense on R_t rows, tied decoder on R_d
 where T is the number of token rows entering the encoder, B the batch, V the vocab.
-"Useful" FLOPs count real tokens only (T = B·n, Σ n² = B·n², R_t = R_d = masked positions):
+"Useful" FLOPs count real tokens only (T = Σ n, Σ n², R_t = R_d = masked positions):
 the work any implementation must do. "Executed" FLOPs count what a model really computes:
-    ours       T = B·seq, Σ = B·seq², R_t = R_d = masked   (with --unpad: T = B·n, Σ = B·n²)
+    ours       T = B·seq, Σ = B·seq², R_t = R_d = masked   (with --unpad: T = Σ n, Σ = B·max(n)²)
     reference  T = B·seq, Σ = B·seq², R_t = B·seq, R_d = masked  (transform on every position)
     hf         T = B·seq, Σ = B·seq², R_t = R_d = B·seq          (vocab scores at every position)
 MFU = useful FLOPs per step / step time / matmul peak; "executed utilisation" uses executed
@@ -110,6 +112,9 @@ def parse_args(argv=None):
     add("--seq", type=int, default=128)
     add("--batch", type=int, default=32)
     add("--pad", type=float, default=0.0, help="share of padding tokens per sequence, in [0, 1)")
+    add("--lengths", choices=["fixed", "uniform"], default="fixed",
+        help="fixed: every row has round(seq * (1 - pad)) real tokens; uniform: row lengths spread evenly "
+             "over [seq * (1 - 2 pad), seq] (mean padding pad, like real data)")
     add("--max_pred", type=int, default=20, help="cap on masked positions per sequence")
     add("--layers", type=int, default=4)
     add("--hidden", type=int, default=256)
@@ -172,19 +177,32 @@ def real_length(args):
     return max(4, round(args.seq * (1.0 - args.pad)))
 
 
+def row_lengths(args):
+    """Real tokens of every row (a list of B ints)."""
+    n = real_length(args)
+    if args.lengths == "fixed" or n == args.seq:
+        return [n] * args.batch
+    low = max(4, 2 * n - args.seq)  # evenly from low to seq: mean n
+    return [round(low + (args.seq - low) * i / max(1, args.batch - 1)) for i in range(args.batch)]
+
+
+def masked_per_row(n, args):
+    return min(args.max_pred, max(1, round(n * 0.15)))
+
+
 def make_batch(args, seed=1):
     """(batch_type, input_ids, input_mask, segment_ids, nsp_labels, mlm_labels), all (B, seq) int64."""
     g = torch.Generator().manual_seed(seed)
-    B, L, n = args.batch, args.seq, real_length(args)
-    input_mask = (torch.arange(L) < n).long().expand(B, L).contiguous()
+    B, L = args.batch, args.seq
+    lengths = torch.tensor(row_lengths(args))
+    input_mask = (torch.arange(L)[None] < lengths[:, None]).long()
     low = min(1000, args.vocab // 2)  # ordinary word pieces sit above the specials in a BERT vocab
     input_ids = torch.randint(low, args.vocab, (B, L), generator=g) * input_mask
     input_ids[:, 0] = 101  # [CLS]-like first token; the value does not matter for speed
-    segment_ids = ((torch.arange(L) >= n // 2).long() * input_mask[0]).expand(B, L).contiguous()
+    segment_ids = (torch.arange(L)[None] >= (lengths // 2)[:, None]).long() * input_mask
     labels = torch.full((B, L), -1, dtype=torch.long)
-    k = min(args.max_pred, max(1, round(n * 0.15)))
-    for row in range(B):
-        positions = torch.randperm(n - 2, generator=g)[:k] + 1
+    for row, n in enumerate(lengths.tolist()):
+        positions = torch.randperm(n - 2, generator=g)[:masked_per_row(n, args)] + 1
         labels[row, positions] = input_ids[row, positions]
     nsp = torch.randint(0, 2, (B,), generator=g)
     return (torch.full((B,), 2, dtype=torch.long), input_ids, input_mask, segment_ids, nsp, labels)
@@ -318,18 +336,21 @@ def persistent_bytes(model, optimizer):
 def step_flops(args, spec, unpad_active):
     """(useful, executed) model FLOPs of one training step; the formula is in the module docstring."""
     name = split_spec(spec)[0]
-    B, S, n = args.batch, args.seq, real_length(args)
+    B, S, lengths = args.batch, args.seq, row_lengths(args)
     H, I, V, Lyr = args.hidden, args.intermediate, args.vocab, args.layers
-    masked = B * min(args.max_pred, max(1, round(n * 0.15)))
+    masked = sum(masked_per_row(n, args) for n in lengths)
+    tokens, sum_sq = sum(lengths), sum(n * n for n in lengths)
 
     def flops(tokens, sum_sq, rows_transform, rows_decoder):
         encoder = 6 * tokens * Lyr * (4 * H * H + 2 * H * I) + 12 * Lyr * H * sum_sq
         heads = 6 * B * (H * H + 2 * H) + 6 * rows_transform * H * H + 6 * rows_decoder * H * V
         return encoder + heads
 
-    useful = flops(B * n, B * n * n, masked, masked)
+    useful = flops(tokens, sum_sq, masked, masked)
     if name == "ours":
-        executed = useful if unpad_active else flops(B * S, B * S * S, masked, masked)
+        # unpadded attention runs over the longest row's length
+        executed = flops(tokens, B * max(lengths) ** 2, masked, masked) if unpad_active else \
+            flops(B * S, B * S * S, masked, masked)
     elif name == "reference":
         executed = flops(B * S, B * S * S, B * S, masked)
     else:
@@ -566,16 +587,16 @@ def main(argv=None):
         return 0
 
     batch = tuple(t.to(device) for t in make_batch(args))
-    n = real_length(args)
+    n = sum(row_lengths(args)) / args.batch  # mean real tokens per row
     masked_rows = int((batch[5] != -1).sum())
     shape = (f"L={args.layers} H={args.hidden} A={args.heads} I={args.intermediate} V={args.vocab} "
-             f"seq={args.seq} real={n} batch={args.batch} masked rows={masked_rows} {args.dtype} "
+             f"seq={args.seq} real={n:g} ({args.lengths}) batch={args.batch} masked rows={masked_rows} {args.dtype} "
              f"{args.device} threads={torch.get_num_threads()}")
     common = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": machine_description(device), "command": "python bench/bench_model.py " + " ".join(argv),
               "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "intermediate": args.intermediate, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
-              "pad": args.pad, "real_tokens_per_seq": n, "masked_rows": masked_rows, "dtype": args.dtype,
+              "pad": args.pad, "lengths": args.lengths, "real_tokens_per_seq": n, "masked_rows": masked_rows, "dtype": args.dtype,
               "device": args.device, "threads": torch.get_num_threads(), "unpad": args.unpad,
               "compile": args.compile, "glibc_heap": args.glibc_heap}
     records = []
