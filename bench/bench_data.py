@@ -31,10 +31,8 @@ NVIDIA's create_pretraining_data.py, gzip as h5py writes it). Then, in one proce
 """
 import argparse
 import datetime
-import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,6 +46,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import append_json_lines, cpu_model_name, load_average  # noqa: E402
 from bench.baseline_bing import PerSampleBingDataset  # noqa: E402
 from bench.baseline_nvidia import PerSampleNvidiaDataset  # noqa: E402
 from bing_bert_dataset_provider import BingBertDatasetProvider  # noqa: E402
@@ -297,25 +296,6 @@ def consume(provider, epoch, batch, step, max_batches, wrap_async):
 # Main
 
 
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
-
-
-def cpu_model_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def measure(args, root, seq, tokens, vocab, vocab_file):
     """Both parts for one sequence length: -> (throughput rows, overlap rows)."""
     throughput, overlap = [], []
@@ -433,12 +413,7 @@ def main(argv=None):
 
 
 def write_records(args, records):
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "a", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-        logger.info("appended %d JSON lines to %s", len(records), args.output)
+    append_json_lines(args.output, records)
     return 0
 
 

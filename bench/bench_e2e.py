@@ -30,6 +30,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import append_json_lines, load_average  # noqa: E402
 from tests import launch, synthetic  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 
@@ -166,14 +167,6 @@ def summarise(run):
             "steady_windows": len(steady) if len(windows) > 1 else 0}
 
 
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -222,12 +215,7 @@ def main(argv=None):
         print(f"{rec['provider']:>8} {rec['round']:>5} {fmt(rec['first_window_samples_per_s']):>16} "
               f"{fmt(rec['first_window_data_wait'], True):>7} {fmt(rec['steady_samples_per_s']):>17} "
               f"{fmt(rec['steady_data_wait'], True):>7} {rec['steady_windows']:>7} {rec['wall_s']:>10.1f}")
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "a", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-        logger.info("appended %d JSON lines to %s", len(records), args.output)
+    append_json_lines(args.output, records)
     return 0
 
 

@@ -62,7 +62,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -74,6 +73,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import append_json_lines, cpu_model_name, load_average  # noqa: E402
 from tests import reference_model  # noqa: E402
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 
@@ -392,25 +392,6 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime, usage.ru_stime
 
 
-def load_average():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
-
-
-def cpu_model_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine_description(device):
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
@@ -708,12 +689,7 @@ def main(argv=None):
 
 
 def write_records(args, records):
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "a", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-        logger.info("appended %d JSON lines to %s", len(records), args.output)
+    append_json_lines(args.output, records)
     return 0
 
 
