@@ -21,7 +21,12 @@ less work:
   the same;
 - the vocab projection and the MLM cross-entropy are one autograd function
   (`_LinearCrossEntropy`) that keeps a single (N, V) buffer, forward and backward;
-- position embeddings are a slice of the table broadcast over the batch, not a lookup.
+- position embeddings are a slice of the table broadcast over the batch, not a lookup;
+- on CPU, dropout draws one 32-bit random number per two elements (`dropout`), and attention
+  under dropout is written out around it (SDPA's CPU math path would do the same work with
+  more copies); CUDA keeps torch's dropout and SDPA kernels;
+- optionally (`args.unpad`) the embeddings and encoder run on the real tokens only
+  (`Unpadding`), with the padded model's loss.
 
 Sparse attention: one `SparseSelfAttention` (parameter-free, its layout a non-persistent
 buffer) is shared by every layer's self-attention and replaces SDPA there; state_dict keys do
