@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import append_json_lines, cpu_model_name, load_average  # noqa: E402
+from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
 from bench.baseline_bing import PerSampleBingDataset  # noqa: E402
 from bench.baseline_nvidia import PerSampleNvidiaDataset  # noqa: E402
 from bing_bert_dataset_provider import BingBertDatasetProvider  # noqa: E402
@@ -403,16 +403,12 @@ def main(argv=None):
     load_end = load_average()
     print_tables(args, throughput, overlap, len(tokens))
     common = {"bench": "data", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "machine": f"{os.cpu_count()}-core CPU, {cpu_model_name()}, torch {torch.__version__}",
+              "machine": machine_description(),
               "command": " ".join(["python bench/bench_data.py"] + argv), "samples_per_shard": args.samples,
               "vocab": len(tokens), "torch_threads": torch.get_num_threads(),
               "loadavg_start": load_start, "loadavg_end": load_end}
     records = ([{**common, "measure": "provider_vs_per_sample_baseline", **row} for row in throughput]
                + [{**common, "measure": "async_worker_vs_direct", **row} for row in overlap])
-    return write_records(args, records)
-
-
-def write_records(args, records):
     append_json_lines(args.output, records)
     return 0
 

@@ -73,7 +73,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import append_json_lines, cpu_model_name, load_average  # noqa: E402
+from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
 from tests import reference_model  # noqa: E402
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 
@@ -392,12 +392,6 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime, usage.ru_stime
 
 
-def machine_description(device):
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{os.cpu_count()}-core CPU, {cpu_model_name()}, torch {torch.__version__}"
-
-
 def make_step(model, loss_fn, optimizer, batch):
     def step():
         loss = loss_fn(batch)
@@ -574,17 +568,20 @@ def main(argv=None):
              f"seq={args.seq} real={n:g} ({args.lengths}) batch={args.batch} masked rows={masked_rows} {args.dtype} "
              f"{args.device} threads={torch.get_num_threads()}")
     common = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "machine": machine_description(device), "command": "python bench/bench_model.py " + " ".join(argv),
+              "machine": machine_description(device.type),
+              "command": "python bench/bench_model.py " + " ".join(argv),
               "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "intermediate": args.intermediate, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
-              "pad": args.pad, "lengths": args.lengths, "real_tokens_per_seq": n, "masked_rows": masked_rows, "dtype": args.dtype,
+              "pad": args.pad, "lengths": args.lengths, "real_tokens_per_seq": n, "masked_rows": masked_rows,
+              "dtype": args.dtype,
               "device": args.device, "threads": torch.get_num_threads(), "unpad": args.unpad,
               "compile": args.compile, "glibc_heap": args.glibc_heap}
     records = []
     if args.profile:
         print(shape)
         records.append({**common, **run_profile(args, device, dtype, batch), "loadavg": load_average()})
-        return write_records(args, records)
+        append_json_lines(args.output, records)
+        return 0
 
     load_start = load_average()
     models, steps, notes, persistent = {}, {}, {}, {}
@@ -685,10 +682,6 @@ def main(argv=None):
               f"{per_round:.2f}x (median of per-round ratios, {args.rounds} rounds)")
     if len(args.models) > 1:
         records.append(summary)
-    return write_records(args, records)
-
-
-def write_records(args, records):
     append_json_lines(args.output, records)
     return 0
 

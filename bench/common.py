@@ -1,7 +1,7 @@
 """What the benchmark scripts share: machine facts for their JSON lines and the writing of them.
 
-Light on purpose (standard library only), so any bench script can import it without pulling
-in another script's heavy imports.
+Light on purpose (standard library; torch only inside `machine_description`), so any bench
+script can import it without pulling in another script's heavy imports.
 """
 import json
 import logging
@@ -20,7 +20,7 @@ def load_average():
         return None
 
 
-def cpu_model_name():
+def _cpu_model_name():
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -29,6 +29,15 @@ def cpu_model_name():
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def machine_description(device_type="cpu"):
+    """What the JSON lines record as "machine": the GPU's name, or the CPU's cores and model."""
+    import torch
+
+    if device_type == "cuda":
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"{os.cpu_count()}-core CPU, {_cpu_model_name()}, torch {torch.__version__}"
 
 
 def append_json_lines(path, records):
