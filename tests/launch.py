@@ -61,7 +61,8 @@ def progress(output):
 def ds_config(tmp_path, **extra):
     """Write a tiny-run DeepSpeed config (AdamW, micro batch 16) with `extra` keys to tmp_path/ds.json."""
     config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True, "fused": True}}, "gradient_clipping": 1.0}
+              "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "torch_adam": True, "fused": True}},
+              "gradient_clipping": 1.0}
     config.update(extra)
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "ds.json"
@@ -77,3 +78,27 @@ def train_in_process(data_root, out, ds, *extra, cf=TINY_CFG):
                                  "--data_path_prefix", str(data_root), "--max_seq_length", "128",
                                  "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1",
                                  "--log_level", "warning", *[str(x) for x in extra]])
+
+
+def train_losses(out, job="tiny_bert"):
+    """The per-step training losses a run logged to TensorBoard under OUT/runs/JOB."""
+    from turing.tb_events import read_run
+
+    values, _ = read_run(os.path.join(out, "runs", job))
+    return [v for _, v in values["Train/Samples/train_loss"]]
+
+
+def assert_checkpoint_has_spec_keys(out, tag="epoch2_step8", job="tiny_bert"):
+    """The checkpoint OUT/saved_models/JOB/TAG loads with strict=True into a plain model of the
+    tiny config (SPEC 5 keys, whatever model options trained it)."""
+    import torch
+
+    from turing.modeling import BertConfig, BertForPreTrainingPreLN
+
+    saved = torch.load(os.path.join(out, "saved_models", job, tag, "mp_rank_00_model_states.pt"),
+                       weights_only=False)["module"]
+    with open(TINY_CFG, encoding="utf-8") as f:
+        bert = json.load(f)["bert_model_config"]
+    vocab = saved["bert.embeddings.word_embeddings.weight"].shape[0]
+    config = BertConfig.from_dict({**bert, "vocab_size_or_config_json_file": vocab})
+    BertForPreTrainingPreLN(config).load_state_dict(saved, strict=True)

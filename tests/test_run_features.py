@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from tests.launch import TINY_CFG, ds_config, train_in_process as train
+from tests.launch import TINY_CFG, assert_checkpoint_has_spec_keys, ds_config, train_losses
+from tests.launch import train_in_process as train
 from turing.tb_events import read_run
 
 
@@ -138,28 +139,16 @@ def plain_losses(data_root, tmp_path_factory):
     """Per-step training losses of the tiny run without speed options."""
     tmp_path = tmp_path_factory.mktemp("plain")
     train(data_root, tmp_path / "out", ds_config(tmp_path))
-    return [v for _, v in scalars(tmp_path / "out")[0]["Train/Samples/train_loss"]]
-
-
-def assert_spec_checkpoint(out):
-    """The last checkpoint's weights load strictly into a plain model (SPEC 5 keys)."""
-    from turing.modeling import BertConfig, BertForPreTrainingPreLN
-
-    saved = torch.load(out / "saved_models" / "tiny_bert" / "epoch2_step8" / "mp_rank_00_model_states.pt",
-                       weights_only=False)["module"]
-    bert = json.load(open(TINY_CFG))["bert_model_config"]
-    config = BertConfig.from_dict({**bert, "vocab_size_or_config_json_file": saved[
-        "bert.embeddings.word_embeddings.weight"].shape[0]})
-    BertForPreTrainingPreLN(config).load_state_dict(saved, strict=True)
+    return train_losses(tmp_path / "out")
 
 
 def test_unpad_trains_like_the_padded_model(data_root, tmp_path, plain_losses):
     train(data_root, tmp_path / "out", ds_config(tmp_path), "--unpad")
-    losses = [v for _, v in scalars(tmp_path / "out")[0]["Train/Samples/train_loss"]]
+    losses = train_losses(tmp_path / "out")
     assert len(losses) == 8 and losses != plain_losses                  # other dropout draws ...
     assert losses == pytest.approx(plain_losses, abs=0.03)               # ... same model and data
     assert losses[-1] < losses[0]
-    assert_spec_checkpoint(tmp_path / "out")
+    assert_checkpoint_has_spec_keys(tmp_path / "out")
 
 
 def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_path, plain_losses):
@@ -173,9 +162,9 @@ def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_
     finally:
         torch._dynamo.reset()
     assert compiled_graphs > 0                                            # it really compiled
-    losses = [v for _, v in scalars(tmp_path / "out")[0]["Train/Samples/train_loss"]]
+    losses = train_losses(tmp_path / "out")
     assert losses == pytest.approx(plain_losses, abs=0.03)               # inductor draws its own dropout
-    assert_spec_checkpoint(tmp_path / "out")
+    assert_checkpoint_has_spec_keys(tmp_path / "out")
 
 
 def test_compile_that_cannot_be_set_up_trains_eagerly_with_a_warning(data_root, tmp_path, plain_losses,
@@ -187,5 +176,5 @@ def test_compile_that_cannot_be_set_up_trains_eagerly_with_a_warning(data_root, 
     train(data_root, tmp_path / "out", ds_config(tmp_path), "--compile")
     assert "WARNING bing_bert: --compile: torch.compile is not usable here (no C++ compiler found)" in \
         capsys.readouterr().err
-    losses = [v for _, v in scalars(tmp_path / "out")[0]["Train/Samples/train_loss"]]
+    losses = train_losses(tmp_path / "out")
     assert losses == plain_losses                                         # eager: the plain run exactly
