@@ -294,8 +294,8 @@ def compile_model(network):
     """--compile: torch.compile the network's forward in place (its state_dict keys do not change).
 
     Compilation happens at the first forward; a graph that fails there runs eagerly, with
-    torch's warning, instead of stopping the run. Returns False when torch.compile cannot be
-    set up at all (the run goes on uncompiled, with a warning).
+    torch's warning, instead of stopping the run. Where torch.compile cannot be set up at all,
+    the run goes on uncompiled, with a warning.
     """
     try:
         import torch._dynamo
@@ -305,9 +305,8 @@ def compile_model(network):
     except Exception as e:  # noqa: BLE001 - any failure to set up compile leaves the model eager
         logger.warning("--compile: torch.compile is not usable here (%s); training uncompiled",
                        str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return False
+        return
     logger.info("--compile: the model is compiled at its first forward (this takes a while)")
-    return True
 
 
 def prepare_model_optimizer(args):

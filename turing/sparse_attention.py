@@ -62,6 +62,15 @@ def _check_attention(attention):
                                   f"{', '.join(ATTENTION_TYPES)}")
 
 
+def _blocks_for_random(layout, num_random_blocks):
+    """Blocks in a row of `layout`, after checking num_random_blocks fits in one."""
+    num_blocks = layout.shape[1]
+    if num_blocks < num_random_blocks:
+        raise SparsityConfigError(f"sparse_attention.num_random_blocks {num_random_blocks} exceeds "
+                                  f"the {num_blocks} blocks of a row")
+    return num_blocks
+
+
 def _check_global_ranges(starts, ends):
     for i in starts:
         _check_int("global_block_indices[]", i, 0)
@@ -236,10 +245,7 @@ class VariableSparsityConfig(SparsityConfig):
         self.seed = seed
 
     def set_random_layout(self, h, layout, rng):
-        num_blocks = layout.shape[1]
-        if num_blocks < self.num_random_blocks:
-            raise SparsityConfigError(f"sparse_attention.num_random_blocks {self.num_random_blocks} exceeds "
-                                      f"the {num_blocks} blocks of a row")
+        num_blocks = _blocks_for_random(layout, self.num_random_blocks)
         # as in DeepSpeed, Variable's random blocks ignore the attention direction
         for row in range(num_blocks):
             layout[h, row, rng.sample(range(num_blocks), self.num_random_blocks)] = 1
@@ -297,10 +303,7 @@ class BigBirdSparsityConfig(SparsityConfig):
         self.seed = seed
 
     def set_random_layout(self, h, layout, rng):
-        num_blocks = layout.shape[1]
-        if num_blocks < self.num_random_blocks:
-            raise SparsityConfigError(f"sparse_attention.num_random_blocks {self.num_random_blocks} exceeds "
-                                      f"the {num_blocks} blocks of a row")
+        num_blocks = _blocks_for_random(layout, self.num_random_blocks)
         for row in range(num_blocks):
             # unidirectional rows draw from the past only; the first rows have fewer than
             # num_random_blocks candidates (DeepSpeed crashed there), so they take them all
