@@ -88,9 +88,9 @@ def train_losses(out, job="tiny_bert"):
     return [v for _, v in values["Train/Samples/train_loss"]]
 
 
-def assert_checkpoint_has_spec_keys(out, tag="epoch2_step8", job="tiny_bert"):
-    """The checkpoint OUT/saved_models/JOB/TAG loads with strict=True into a plain model of the
-    tiny config (SPEC 5 keys, whatever model options trained it)."""
+def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):
+    """A plain model of the tiny config with the weights of OUT/saved_models/JOB/TAG, loaded with
+    strict=True: it raises unless the checkpoint has SPEC 5's keys, whatever options trained it."""
     import torch
 
     from turing.modeling import BertConfig, BertForPreTrainingPreLN
@@ -101,4 +101,6 @@ def assert_checkpoint_has_spec_keys(out, tag="epoch2_step8", job="tiny_bert"):
         bert = json.load(f)["bert_model_config"]
     vocab = saved["bert.embeddings.word_embeddings.weight"].shape[0]
     config = BertConfig.from_dict({**bert, "vocab_size_or_config_json_file": vocab})
-    BertForPreTrainingPreLN(config).load_state_dict(saved, strict=True)
+    model = BertForPreTrainingPreLN(config)
+    model.load_state_dict(saved, strict=True)
+    return model

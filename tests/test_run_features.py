@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tests.launch import TINY_CFG, assert_checkpoint_has_spec_keys, ds_config, train_losses
+from tests.launch import TINY_CFG, ds_config, plain_model_from_checkpoint, train_losses
 from tests.launch import train_in_process as train
 from turing.tb_events import read_run
 
@@ -148,7 +148,7 @@ def test_unpad_trains_like_the_padded_model(data_root, tmp_path, plain_losses):
     assert len(losses) == 8 and losses != plain_losses                  # other dropout draws ...
     assert losses == pytest.approx(plain_losses, abs=0.03)               # ... same model and data
     assert losses[-1] < losses[0]
-    assert_checkpoint_has_spec_keys(tmp_path / "out")
+    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: SPEC 5 keys
 
 
 def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_path, plain_losses):
@@ -164,7 +164,7 @@ def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_
     assert compiled_graphs > 0                                            # it really compiled
     losses = train_losses(tmp_path / "out")
     assert losses == pytest.approx(plain_losses, abs=0.03)               # inductor draws its own dropout
-    assert_checkpoint_has_spec_keys(tmp_path / "out")
+    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: SPEC 5 keys
 
 
 def test_compile_that_cannot_be_set_up_trains_eagerly_with_a_warning(data_root, tmp_path, plain_losses,
