@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from turing.jsonfile import read_json
@@ -720,10 +721,14 @@ def pretrain_validation(args, index, model, reporter=None, state=None):
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
-            loss = model.network(batch)
+            # One forward for the scores; the loss is the model's (SPEC 5): MLM cross-entropy
+            # over the masked positions (0 without any) + NSP cross-entropy, in fp32.
             scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
             labels = batch.masked_lm_labels
             masked = labels != -1
+            mlm_loss = (F.cross_entropy(scores[masked].float(), labels[masked], reduction="sum")
+                        / masked.sum().clamp(min=1))
+            loss = mlm_loss + F.cross_entropy(nsp_scores.float(), batch.next_sentence_labels, ignore_index=-1)
             correct = (scores.argmax(-1) == labels) & masked
             nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),

@@ -3,6 +3,7 @@ portable LAMB with bf16 and progressive layer drop, the time budget, --use_pretr
 each source, and the metrics written to TensorBoard."""
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,6 +73,22 @@ def test_metrics_in_tensorboard(data_root, tmp_path):
     for tag in ("Validation/Loss", "Validation/MLM_accuracy", "Validation/NSP_accuracy"):
         assert tag in values
     assert any(t.startswith("config") for t in others)
+
+
+def test_validation_loss_is_the_models_loss_over_the_validation_set(data_root, tmp_path):
+    import deepspeed_train
+
+    valid = os.path.join(data_root, "nvidia", "128")
+    train(data_root, tmp_path / "out", ds_config(tmp_path), "--validation_data_path_prefix", valid)
+    model = plain_model_from_checkpoint(tmp_path / "out").eval()            # the weights after epoch 2
+    args = SimpleNamespace(validation_data_path_prefix=valid, config=json.load(open(TINY_CFG)),
+                           config_file=TINY_CFG, vocab_size=model.config.vocab_size,
+                           train_micro_batch_size_per_gpu=16, seed=0)
+    loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)
+    with torch.no_grad():
+        losses = [model(batch).item() for batch in loader]
+    logged = dict(scalars(tmp_path / "out")[0]["Validation/Loss"])
+    assert len(losses) == 2 and logged[2] == pytest.approx(sum(losses) / len(losses), abs=1e-5)
 
 
 @pytest.fixture(scope="module")
