@@ -292,7 +292,6 @@ class Unpadding:
             spare = torch.nonzero(~window).squeeze(1)[:extra]
             keep[spare // self.length, spare % self.length] = True
         self.batch = B
-        self.full_length = L
         self.indices = torch.nonzero(keep.reshape(-1)).squeeze(1)  # (T,) in the (B, L) layout
         columns = self.indices % L
         self.positions = columns  # position id of every kept token
@@ -300,6 +299,9 @@ class Unpadding:
         self.padded_indices = self.indices // L * self.length + columns
         self.mask = _extended_attention_mask(input_mask[:, :self.length], dtype)
         self.dense = self.indices.numel() == B * self.length  # the whole (B, length) window is kept
+        # flat (B, L) position -> row of the packed tensor (-1: not kept)
+        self._packed_rows = torch.full((B * L,), -1, dtype=torch.long, device=keep.device)
+        self._packed_rows[self.indices] = torch.arange(self.indices.numel(), device=keep.device)
 
     def pack(self, x):
         """(B, L, ...) -> (T, ...)."""
@@ -320,9 +322,7 @@ class Unpadding:
 
     def packed_index(self, flat_positions):
         """Flat (B, L) positions of kept tokens -> their rows in the packed (T, ...) tensor."""
-        lookup = torch.full((self.batch * self.full_length,), -1, dtype=torch.long, device=self.indices.device)
-        lookup[self.indices] = torch.arange(self.indices.numel(), device=self.indices.device)
-        return lookup.index_select(0, flat_positions)
+        return self._packed_rows.index_select(0, flat_positions)
 
 
 class BertEmbeddings(nn.Module):
