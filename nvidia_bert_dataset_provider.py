@@ -9,6 +9,7 @@ input_ids int32 [N, L], input_mask int8 [N, L], segment_ids int8 [N, L],
 masked_lm_positions int32 [N, P], masked_lm_ids int32 [N, P] (right-padded with 0),
 next_sentence_labels int8 [N] (1 = B is a random sentence).
 """
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -55,14 +56,22 @@ def _check_hdf5_layout(path, f):
                          f"expected ({n},)")
 
 
-def check_hdf5_shard(path):
-    """Open a shard and check its layout (cheap: reads no data); returns the sample count."""
+@contextlib.contextmanager
+def _open_checked(path):
+    """The open shard with its layout checked; an unreadable file (at open or while reading
+    inside the block) becomes one ValueError naming it."""
     try:
         with h5py.File(path, "r") as f:
             _check_hdf5_layout(path, f)
-            return f["input_ids"].shape[0]
+            yield f
     except OSError as e:
         raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
+
+
+def check_hdf5_shard(path):
+    """Open a shard and check its layout (cheap: reads no data); returns the sample count."""
+    with _open_checked(path) as f:
+        return f["input_ids"].shape[0]
 
 
 def read_hdf5_shard(path):
@@ -70,12 +79,8 @@ def read_hdf5_shard(path):
 
     Module-level so the background process pool can run it.
     """
-    try:
-        with h5py.File(path, "r") as f:
-            _check_hdf5_layout(path, f)
-            arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
+    with _open_checked(path) as f:
+        arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
     length = arrays["input_ids"].shape[1]
     positions = arrays["masked_lm_positions"]
     if positions.size and (positions.min() < 0 or positions.max() >= length):
