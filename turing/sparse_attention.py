@@ -62,12 +62,11 @@ def _check_attention(attention):
                                   f"{', '.join(ATTENTION_TYPES)}")
 
 
-def _blocks_for_random(layout, num_random_blocks):
-    """Blocks in a row of `layout`, after checking num_random_blocks fits in one."""
+def _blocks_in_row(layout, key, needed):
+    """Blocks in a row of `layout`, after checking that the `needed` blocks of config `key` fit."""
     num_blocks = layout.shape[1]
-    if num_blocks < num_random_blocks:
-        raise SparsityConfigError(f"sparse_attention.num_random_blocks {num_random_blocks} exceeds "
-                                  f"the {num_blocks} blocks of a row")
+    if num_blocks < needed:
+        raise SparsityConfigError(f"sparse_attention.{key} {needed} exceeds the {num_blocks} blocks of a row")
     return num_blocks
 
 
@@ -137,10 +136,7 @@ def _set_local_windows(layout, h, windows, attention):
 
 
 def _set_sliding_window(layout, h, width):
-    num_blocks = layout.shape[1]
-    if num_blocks < width:
-        raise SparsityConfigError(f"sparse_attention.num_sliding_window_blocks {width} exceeds the "
-                                  f"{num_blocks} blocks of a row")
+    num_blocks = _blocks_in_row(layout, "num_sliding_window_blocks", width)
     w = width // 2
     for row in range(num_blocks):
         layout[h, row, max(0, row - w):min(row + w + 1, num_blocks)] = 1
@@ -245,7 +241,7 @@ class VariableSparsityConfig(SparsityConfig):
         self.seed = seed
 
     def set_random_layout(self, h, layout, rng):
-        num_blocks = _blocks_for_random(layout, self.num_random_blocks)
+        num_blocks = _blocks_in_row(layout, "num_random_blocks", self.num_random_blocks)
         # as in DeepSpeed, Variable's random blocks ignore the attention direction
         for row in range(num_blocks):
             layout[h, row, rng.sample(range(num_blocks), self.num_random_blocks)] = 1
@@ -303,7 +299,7 @@ class BigBirdSparsityConfig(SparsityConfig):
         self.seed = seed
 
     def set_random_layout(self, h, layout, rng):
-        num_blocks = _blocks_for_random(layout, self.num_random_blocks)
+        num_blocks = _blocks_in_row(layout, "num_random_blocks", self.num_random_blocks)
         for row in range(num_blocks):
             # unidirectional rows draw from the past only; the first rows have fewer than
             # num_random_blocks candidates (DeepSpeed crashed there), so they take them all
@@ -316,10 +312,7 @@ class BigBirdSparsityConfig(SparsityConfig):
         return layout
 
     def set_global_layout_itc(self, h, layout):
-        num_blocks = layout.shape[1]
-        if num_blocks < self.num_global_blocks:
-            raise SparsityConfigError(f"sparse_attention.num_global_blocks {self.num_global_blocks} exceeds "
-                                      f"the {num_blocks} blocks of a row")
+        _blocks_in_row(layout, "num_global_blocks", self.num_global_blocks)
         layout[h, :self.num_global_blocks, :] = 1
         layout[h, :, :self.num_global_blocks] = 1
         return layout
