@@ -222,16 +222,12 @@ def split_spec(spec):
 
 
 def build_model(spec, args, device, dtype, our_state=None):
-    """-> (module, loss_fn(batch) -> scalar loss, note). Ours and reference share weights."""
+    """-> (module, loss_fn(batch) -> scalar loss). Ours and reference share weights."""
     name, variants = split_spec(spec)
     torch.manual_seed(0)
-    note = ""
     if name == "ours":
         unpad = args.unpad or "unpad" in variants
         model = BertForPreTrainingPreLN(our_config(args), argparse.Namespace(unpad=unpad))
-        if unpad and not getattr(model, "unpad", False):
-            note = "the model does not honour unpad: timed the padded model"
-            logger.warning(note)
     elif name == "reference":
         model = reference_model.BertForPreTrainingPreLN(our_config(args))
         if our_state is not None:
@@ -259,7 +255,7 @@ def build_model(spec, args, device, dtype, our_state=None):
     else:
         def loss_fn(batch):
             return runner(batch)
-    return model, loss_fn, note
+    return model, loss_fn
 
 
 class CompiledOrEager:
@@ -443,7 +439,7 @@ def run_child_memory(args, device, dtype):
     name = args.child_memory
     batch = tuple(t.to(device) for t in make_batch(args))
     rss_start = peak_rss_bytes()
-    model, loss_fn, _ = build_model(name, args, device, dtype)
+    model, loss_fn = build_model(name, args, device, dtype)
     optimizer = make_optimizer(model, dtype, name, args.fused_adam)
     step = make_step(model, loss_fn, optimizer, batch)
     for _ in range(3):
@@ -496,7 +492,7 @@ def run_profile(args, device, dtype, batch):
     from torch.profiler import ProfilerActivity, profile
 
     name = args.models[0]
-    model, loss_fn, note = build_model(name, args, device, dtype)
+    model, loss_fn = build_model(name, args, device, dtype)
     optimizer = make_optimizer(model, dtype, name, args.fused_adam)
     step = make_phased_step(model, loss_fn, optimizer, batch)
     step()  # warm-up: optimizer state, allocator
@@ -532,7 +528,7 @@ def run_profile(args, device, dtype, batch):
     print("\ntop ops by self CPU time (all phases):")
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=48))
     top = sorted((e for e in events if not e.key.startswith("phase: ")), key=lambda e: -e.self_cpu_time_total)[:25]
-    return {"bench": "model_profile", "model": name, "note": note, "steps": args.steps,
+    return {"bench": "model_profile", "model": name, "steps": args.steps,
             "wall_s_per_step_profiled": wall, "cpu_s_per_step": (cpu1 - cpu0) / args.steps,
             "sys_cpu_s_per_step": (sys1 - sys0) / args.steps,
             "phases_ms_per_step": {p: per_step(us) for p, us in phases.items()},
@@ -584,16 +580,15 @@ def main(argv=None):
         return 0
 
     load_start = load_average()
-    models, steps, notes, persistent = {}, {}, {}, {}
+    models, steps, persistent = {}, {}, {}
     our_state = None
     for name in args.models:  # "ours" first in the list gives the reference our weights
-        model, loss_fn, note = build_model(name, args, device, dtype, our_state)
+        model, loss_fn = build_model(name, args, device, dtype, our_state)
         if split_spec(name)[0] == "ours" and our_state is None:
             our_state = model.state_dict()
         optimizer = make_optimizer(model, dtype, name, args.fused_adam)
         models[name] = (model, optimizer)
         steps[name] = make_step(model, loss_fn, optimizer, batch)
-        notes[name] = note
     unpad_active = {m: bool(getattr(models[m][0], "unpad", False)) for m in models}
 
     for name in args.models:  # warm-up: optimizer state, allocator, compile (cuBLAS heuristics on CUDA)
@@ -652,7 +647,7 @@ def main(argv=None):
         med = statistics.median(times[name])
         useful, executed = step_flops(args, name, unpad_active[name])
         mem = memory.get(name)
-        rec = {**common, "bench": "model", "model": name, "note": notes[name],
+        rec = {**common, "bench": "model", "model": name,
                "unpad_active": unpad_active[name],
                "rounds": args.rounds, "steps_per_round": args.steps,
                "median_step_s": med, "min_step_s": min(times[name]), "max_step_s": max(times[name]),
@@ -669,8 +664,6 @@ def main(argv=None):
         print(f"{name:>9} {rec['samples_per_s']:>10.1f} {rec['tokens_per_s']:>10,.0f} {med:>8.3f} "
               f"{rec['cpu_s_per_step']:>10.3f} {rec['sys_cpu_s_per_step']:>5.2f} {mem_text:>12} {100 * rec['mfu']:>5.1f}% "
               f"{100 * rec['executed_utilisation']:>8.1f}% {useful / 1e9:>12.1f} {executed / 1e9:>10.1f}")
-        if notes[name]:
-            print(f"{'':>9} note: {notes[name]}")
     summary = {**common, "bench": "model_ratios", "loadavg_start": load_start, "loadavg_end": load_end}
     first = args.models[0]  # ratios are the first model's speed over each other's ("ours" by default)
     for other in args.models[1:]:
