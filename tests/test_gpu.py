@@ -29,13 +29,21 @@ def plain_model(**args):
     return BertForPreTrainingPreLN(tiny_config(), argparse.Namespace(**args)).cuda().eval()
 
 
-def test_fp16_fused_lamb_and_transformer_kernel_train(data_root, tmp_path):
+def test_fp16_fused_lamb_trains(data_root, tmp_path):
     ds = ds_config(tmp_path, optimizer=LAMB, fp16={"enabled": True, "loss_scale": 0, "initial_scale_power": 12})
-    state = train_in_process(data_root, tmp_path / "out", ds, "--deepspeed_transformer_kernel")
+    state = train_in_process(data_root, tmp_path / "out", ds)
     assert state.global_step == 8
     losses = train_losses(tmp_path / "out")
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     assert read_run(str(tmp_path / "out" / "runs" / "tiny_bert"))[1]["Train/lamb_coeffs"]                                    # FusedLamb's coefficients logged
+
+
+def test_fp16_transformer_kernel_trains(data_root, tmp_path):
+    ds = ds_config(tmp_path, fp16={"enabled": True, "loss_scale": 0, "initial_scale_power": 12})
+    state = train_in_process(data_root, tmp_path / "out", ds, "--deepspeed_transformer_kernel")
+    assert state.global_step == 8
+    losses = train_losses(tmp_path / "out")
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
 
 
 def test_transformer_kernel_matches_the_plain_layer_after_conversion():
