@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# Phase 2 of the original recipe: seq 512, batch 32K, started from a phase-1 checkpoint with the
-# learning rate re-warmed. Usage:
-#   bash scripts/ds_train_bert_bsz32k_seq512.sh DATA_DIR OUT_DIR PHASE1_CKPT_DIR PHASE1_TAG [extra flags]
-# e.g. PHASE1_CKPT_DIR=OUT/saved_models/bing_bert_large_lamb_seq PHASE1_TAG=epoch16_step7038
-# JOB_CONFIG and PROVIDER_FLAGS pick another job config / data provider (the nvidia_data scripts set them).
+# Phase 2 of the original recipe: seq 512, batch 32K, from phase 1's epoch-150 checkpoint
+# (OUT/saved_models/lamb_64k_seq128/epoch150_*) with the learning rate re-warmed, to epoch 160.
+# Usage:
+#   [HOSTFILE=hostfile] [LOAD_EPOCH=150] bash scripts/ds_train_bert_bsz32k_seq512.sh DATA_DIR OUT_DIR [extra flags]
+# Run the same command again to resume phase 2 (--auto_resume; the warmup continues).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 DATA=${1:?data folder}
 OUT=${2:?output folder}
-CKPT=${3:?phase-1 checkpoint folder}
-TAG=${4:?phase-1 checkpoint tag}
-shift 4
-launcher=(deepspeed)
-[ -n "${HOSTFILE:-}" ] && launcher+=(--hostfile "$HOSTFILE")
+shift 2
+source "$(dirname "$0")/common.sh"
+LOAD_EPOCH=${LOAD_EPOCH:-150}
+JOB=${JOB_NAME:-lamb_32k_chkpt${LOAD_EPOCH}_seq512}
+phase1_checkpoint "$OUT" "${PHASE1_JOB:-lamb_64k_seq128}" "$LOAD_EPOCH" "$JOB"
 "${launcher[@]}" deepspeed_train.py \
-  --cf "${JOB_CONFIG:-bert_config.json}" ${PROVIDER_FLAGS:-} \
-  --max_seq_length 512 --max_predictions_per_seq 80 \
-  --output_dir "$OUT" --data_path_prefix "$DATA" \
-  --deepspeed --deepspeed_config configs/ds_config_seq512.json \
-  --lr_schedule EE --print_steps 100 \
-  --load_training_checkpoint "$CKPT" --load_checkpoint_id "$TAG" --rewarmup \
+  --cf bert_config.json \
+  --max_seq_length 512 \
+  --output_dir "$OUT" \
+  --print_steps 100 \
+  --deepspeed \
+  "${kernel[@]}" \
+  --job_name "$JOB" \
+  --deepspeed_config configs/ds_config_seq512.json \
+  --data_path_prefix "$DATA" \
+  --validation_data_path_prefix "$DATA" \
+  --rewarmup \
+  --lr_schedule EE \
+  --attention_dropout_checkpoint \
+  --lr_offset 0.0 \
+  "${load[@]}" \
+  --auto_resume \
   "$@"
