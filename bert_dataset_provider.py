@@ -3,6 +3,7 @@
 The step loop drives a provider like this, once per epoch `index`:
 
     refs, total = provider.get_shard(index)      # iterable of batch references, its length
+                                                 # (start_batch=N, keyword only: skip N micro batches)
     provider.prefetch_shard(index + 1)           # start loading the next epoch's shard
     for ref in refs:
         batch = provider.get_batch(ref)          # a turing.batch.Batch
@@ -13,7 +14,7 @@ The step loop drives a provider like this, once per epoch `index`:
 
 
 class BertDatasetProviderInterface:
-    def get_shard(self, index):
+    def get_shard(self, index, *, start_batch=0):
         raise NotImplementedError
 
     def release_shard(self, index):

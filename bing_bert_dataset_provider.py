@@ -26,6 +26,7 @@ from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex, epoch_sample_order,
                             tokenize_shard)
 from turing.dataset import main as dataset_main
+from turing.errors import InputFileNotFoundError, InputValueError
 from turing.tokenization import load_vocab
 from utils import get_rank_and_world
 
@@ -101,7 +102,11 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self.max_predictions_per_seq = args.max_predictions_per_seq
         training = args.config["training"]
         self.num_workers = int(training.get("num_workers", 0))
-        self.use_async_worker = "async_worker" in training
+        # "async_worker": true turns the worker on; false (or no key) leaves it off
+        self.use_async_worker = training.get("async_worker", False)
+        if not isinstance(self.use_async_worker, bool):
+            raise InputValueError(f"job config mixed_seq_training.{self.max_seq_length}.async_worker: expected "
+                                  f"true or false, got {self.use_async_worker!r}")
         self.rank, self.world = get_rank_and_world()
 
         datasets = args.config["data"]["datasets"]
@@ -111,7 +116,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             if key in datasets:
                 self.dataset_folders[dataset_type] = self._shard_folders(os.path.join(prefix, datasets[key]), key)
         if not self.dataset_folders:
-            raise ValueError(f"job config data.mixed_seq_datasets[\"{self.max_seq_length}\"] names no Bing dataset; "
+            raise InputValueError(f"job config data.mixed_seq_datasets[\"{self.max_seq_length}\"] names no Bing dataset; "
                              f"expected {' and/or '.join(DATASET_CONFIG_KEYS.values())}")
 
         self.vocab = load_vocab(args.vocab_file)
@@ -126,12 +131,12 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
     @staticmethod
     def _shard_folders(folder, key):
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"dataset folder {folder} (job config {key} under --data_path_prefix) "
+            raise InputFileNotFoundError(f"dataset folder {folder} (job config {key} under --data_path_prefix) "
                                     f"does not exist")
         # Every sub-folder is a shard: a broken one fails with a message when its epoch opens it.
         shards = [os.path.join(folder, d) for d in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, d))]
         if not shards:
-            raise ValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
+            raise InputValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
                              f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
         return shards
 
@@ -145,7 +150,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             return future.result()  # re-raises a bad-shard error met in the background
         return tokenize_shard(BingShard(folder), self.vocab_index)
 
-    def get_shard(self, index, start_batch=0):
+    def get_shard(self, index, *, start_batch=0):
         """Start epoch `index` at micro batch `start_batch`: returns (picker entries, their count).
 
         The picker lists the dataset id of every remaining micro batch; pass each entry to
@@ -170,10 +175,10 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self._prefetched.clear()
         picker = build_dataset_picker(batches, repeat, self.seed, index)
         if not picker:
-            raise ValueError(f"epoch {index}: no dataset shard holds world x micro x grad_accum x "
+            raise InputValueError(f"epoch {index}: no dataset shard holds world x micro x grad_accum x "
                              f"refresh_bucket_size = {per_step} samples; use bigger shards or fewer ranks")
         if not 0 <= start_batch <= len(picker):
-            raise ValueError(f"epoch {index}: start_batch {start_batch} is outside the epoch's "
+            raise InputValueError(f"epoch {index}: start_batch {start_batch} is outside the epoch's "
                              f"{len(picker)} micro batches")
 
         skipped = picker[:start_batch]
@@ -249,7 +254,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
 def _positive(args, name):
     value = getattr(args, name, None)
     if not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"args.{name} must be a positive int; got {value!r}")
+        raise InputValueError(f"args.{name} must be a positive int; got {value!r}")
     return value
 
 

@@ -30,10 +30,13 @@ class DataExhaustedError(RuntimeError):
 
 
 class AsyncWorker(threading.Thread):
-    """Prefetch batches from `dataloaders` (dict id -> iterator) in `dataset_picker` order."""
+    """Prefetch batches from `dataloaders` in `dataset_picker` order. `dataloaders` maps dataset
+    ids to loaders or iterators: a dict, or a list indexed by id (as the original's callers pass)."""
 
     def __init__(self, dataloaders, dataset_picker, prefetch_window=PREFETCH_WINDOW):
         super().__init__(name="AsyncWorker", daemon=True)
+        if not isinstance(dataloaders, dict):
+            dataloaders = dict(enumerate(dataloaders))
         self.dataloaders = {key: iter(loader) for key, loader in dataloaders.items()}
         self.dataset_picker = list(dataset_picker)
         self.req_queue = queue.Queue()

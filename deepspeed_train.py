@@ -28,9 +28,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from turing.errors import InputError
 from turing.jsonfile import read_json
 from turing.lamb import find_lamb_coeffs
-from turing.tokenization import load_vocab, vocab_size_padded
+from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
 
 logger = logging.getLogger("bing_bert")
@@ -41,13 +42,11 @@ NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
 ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
 
 
-class InputError(Exception):
-    """Bad user input: reported as one line (no traceback unless --debug) and exit code 2."""
-
-
 @dataclasses.dataclass
 class RunState:
-    """Everything that counts progress; saved whole in every checkpoint's client state."""
+    """Everything that counts progress, and the phase and batch layout it was counted in; saved
+    whole in every checkpoint's client state (ints and floats only, so a checkpoint loads with
+    torch.load(..., weights_only=True))."""
     epoch: int = 0                  # epochs finished (= index of the epoch in progress)
     epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
     global_step: int = 0            # optimizer steps taken
@@ -57,12 +56,25 @@ class RunState:
     restore_step: int = 0           # global step at the restore; --max_steps counts from here
     nonfinite_in_a_row: int = 0
     nonfinite_total: int = 0
+    seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
+    micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
+    grad_accum: int = 0             # gradient accumulation steps, likewise
+
+    SAVED = ("epoch_micro_step", "rewarmup_offset", "train_seconds", "nonfinite_total", "seq_length",
+             "micro_batch", "grad_accum")
 
     def client_state(self):
         return {"epoch": self.epoch, "last_global_step": self.global_step,
                 "last_global_data_samples": self.global_data_samples,
-                "epoch_micro_step": self.epoch_micro_step, "rewarmup_offset": self.rewarmup_offset,
-                "train_seconds": self.train_seconds, "nonfinite_total": self.nonfinite_total}
+                **{name: getattr(self, name) for name in self.SAVED}}
+
+    @classmethod
+    def from_client_state(cls, client):
+        """The run state a checkpoint saved; fields it lacks (older or the original's
+        checkpoints) keep their defaults."""
+        return cls(epoch=client["epoch"], global_step=client["last_global_step"],
+                   global_data_samples=client["last_global_data_samples"],
+                   **{name: client[name] for name in cls.SAVED if name in client})
 
 
 class StopTraining(Exception):
@@ -136,7 +148,11 @@ def construct_arguments(argv=None):
     args.job_name = args.job_name or config.get("name") or "bing_bert"
     args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
                                          args.data_path_prefix, args.config_file)
-    args.vocab_size = vocab_size_padded(len(load_vocab(args.vocab_file)))
+    vocab = load_vocab(args.vocab_file)
+    args.vocab_size = vocab_size_padded(vocab_size(vocab))  # the model's rows, repeated lines included
+    if len(vocab) < vocab_size(vocab):
+        logger.warning("%s: %d repeated line(s); a repeated token keeps the id of its last line, and "
+                       "every line keeps its row in the model", args.vocab_file, vocab_size(vocab) - len(vocab))
     args.saved_model_path = os.path.join(args.output_dir, "saved_models", args.job_name)
     args.tensorboard_path = os.path.join(args.output_dir, "runs", args.job_name)
     if args.deepspeed_config is None:
@@ -207,6 +223,18 @@ def ensure_process_group_env():
                       MASTER_PORT=str(port))
 
 
+def setup_distributed(args):
+    """The process group (one rank when started without the launcher) and the batch sizes in
+    `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
+    derive them from its config. Safe to call again."""
+    import deepspeed
+
+    ensure_process_group_env()
+    deepspeed.init_distributed()
+    args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
+        args.ds_config, get_rank_and_world()[1], args.deepspeed_config)
+
+
 def set_seeds(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -218,25 +246,27 @@ def set_seeds(seed):
 
 
 def prepare_optimizer_parameters(args, model):
-    """Parameter groups (SPEC 4): no pooler; no weight decay for biases and LayerNorms;
-    the 1-bit optimizers get the position-embedding momentum mask group."""
+    """Parameter groups (SPEC 4), in the original's order, which positional optimizer states
+    rely on: the weight-decay group, the no-decay group (biases and LayerNorms), each in the
+    model's parameter order without the pooler; for the 1-bit optimizers, after those, one group
+    per position-embedding table with its momentum mask."""
     weight_decay = args.config["training"].get("weight_decay", 0.01)
     named = [(n, p) for n, p in model.network.named_parameters() if "pooler" not in n]
     opt_type = args.ds_config.get("optimizer", {}).get("type", "").lower()
-    groups = []
+    masked = []
     if opt_type in ONEBIT_OPTIMIZERS:
-        pos = [(n, p) for n, p in named if "position_embeddings.weight" in n]
+        masked = [(n, p) for n, p in named if "position_embeddings.weight" in n]
         named = [(n, p) for n, p in named if "position_embeddings.weight" not in n]
-        for _, p in pos:
-            mask = torch.zeros_like(p)
-            mask[:args.max_seq_length] = 1.0
-            if opt_type != "onebitlamb":
-                mask = mask.flatten()
-            groups.append({"params": [p], "weight_decay": weight_decay, "exp_avg_mask": mask})
     decay = [p for n, p in named if not any(nd in n for nd in NO_DECAY_NAMES)]
     no_decay = [p for n, p in named if any(nd in n for nd in NO_DECAY_NAMES)]
-    groups += [{"params": decay, "weight_decay": weight_decay},
-               {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    for _, p in masked:
+        mask = torch.zeros_like(p)
+        mask[:args.max_seq_length] = 1.0
+        if opt_type != "onebitlamb":
+            mask = mask.flatten()
+        groups.append({"params": [p], "weight_decay": weight_decay, "exp_avg_mask": mask})
     return groups
 
 
@@ -255,7 +285,8 @@ def load_pretrained_weights(args, network):
     """--use_pretrain: start from `bert_model_file`, which is a state dict with the original's
     key names (.pt/.bin), a checkpoint folder of ours (its `latest` tag, or a tag folder), or
     a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
-    be missing (an export drops them); they keep their fresh initialisation."""
+    be missing (an export drops them); they keep their fresh initialisation. Files are read
+    with torch.load(weights_only=True) and never unpickled beyond that."""
     from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_hf_folder
 
     name = args.config.get("bert_model_file") or ""
@@ -266,7 +297,7 @@ def load_pretrained_weights(args, network):
     if is_hf_folder(path):
         state_dict, _ = load_hf_folder(path)
     elif os.path.isdir(path):
-        state_dict, _, _ = load_checkpoint_state(path)
+        state_dict, _, _ = load_checkpoint_state(path, unpickle_fallback=False)
     else:
         try:
             state_dict = torch.load(path, map_location="cpu", weights_only=True)
@@ -311,12 +342,19 @@ def compile_model(network):
 
 
 def prepare_model_optimizer(args):
-    """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer)."""
+    """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer).
+
+    Works on its own after construct_arguments(), as the original's did: it sets up the process
+    group, fills args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps,
+    args.device and args.fp16, and starts the session (`model.session`: run state, reporter,
+    stop signals) that train(), run() and the checkpoint functions use.
+    """
     import deepspeed
 
     from turing.lamb import build_lamb_if_needed
     from turing.models import BertMultiTask
 
+    setup_distributed(args)
     _check_optimizer_support(args.ds_config, args.deepspeed_config)
     model = BertMultiTask(args)
     if args.use_pretrain:
@@ -337,6 +375,11 @@ def prepare_model_optimizer(args):
         raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "
                            f"{(args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps)}")
     model.set_device(model.network.device)
+    args.device = model.network.device
+    args.fp16 = model.network.fp16_enabled()
+    model.session = RunContext(args, model.network, RunState(
+        seq_length=args.max_seq_length, micro_batch=args.train_micro_batch_size_per_gpu,
+        grad_accum=args.gradient_accumulation_steps))
     return model, optimizer
 
 
@@ -359,16 +402,25 @@ def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_
 
 
 def rng_states():
-    """This rank's python, numpy and torch generator states."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This rank's python, numpy and torch generator states, as tensors, ints, floats and strings:
+    fine-tuning loaders open checkpoints with torch.load(..., weights_only=True), which refuses
+    numpy arrays."""
+    version, mt_state, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    states = {"python": [version, torch.tensor(mt_state, dtype=torch.int64), gauss],
+              "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian],
+              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
 def set_rng_states(states):
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    """Restore what rng_states() saved (also the tuples and numpy arrays of older checkpoints)."""
+    version, mt_state, gauss = states["python"]
+    random.setstate((version, tuple(int(x) for x in mt_state), gauss))
+    name, keys, pos, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state((name, np.asarray(keys).astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state(states["cuda"])
@@ -480,21 +532,98 @@ def resolve_checkpoint_tag(path, tag):
     return tag
 
 
+def check_checkpoint_fits(model, folder):
+    """Refuse, in one line, a checkpoint whose model has other sizes than this run's (DeepSpeed's
+    strict load would end in a long size-mismatch traceback). The model states file is mapped,
+    not read; a file this check cannot open is left to DeepSpeed."""
+    from turing.hf_convert import MODEL_STATES_FILE, numpy_array_globals
+
+    path = os.path.join(folder, MODEL_STATES_FILE)
+    try:
+        with torch.serialization.safe_globals(numpy_array_globals()):
+            saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        module = saved["module"]
+        theirs = {k: tuple(v.shape) for k, v in module.items() if torch.is_tensor(v) and v.numel()}
+    except Exception:  # noqa: BLE001 - not ours to judge: DeepSpeed's load reports it
+        return
+    if not theirs:
+        return  # ZeRO stage 3 keeps the weights partitioned elsewhere
+    ours = {k: tuple(v.shape) for k, v in model.network.module.state_dict().items()}
+    differences = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
+
+    def layers(keys):
+        return len({m.group(1) for m in (re.match(r"bert\.encoder\.layer\.(\d+)\.", k) for k in keys) if m})
+
+    if layers(theirs) != layers(ours):
+        differences.insert(0, f"{layers(theirs)} encoder layers there, {layers(ours)} here")
+    if differences:
+        raise InputError(f"{folder}: saved from a model of other sizes than this run's bert_model_config and "
+                         f"vocab ({'; '.join(differences[:3])}); resume with the job config it was trained "
+                         f"with (job_config.json beside it)")
+
+
+def restore_run_state(args, state, saved, folder):
+    """Take a checkpoint's run state `saved` into this session's `state`, by phase (the sequence
+    length, which the run state records):
+
+    - the same phase continues where it stopped: epoch, position inside the epoch, counters and
+      the LR warmup start, whether or not --rewarmup is given (re-running phase 2's command,
+      --rewarmup included, resumes it). A position inside an epoch counts micro-batches of one
+      micro batch size and accumulation; another layout is refused until it can be remapped.
+    - another phase (the checkpoint was trained at another sequence length, or does not say):
+      counters and epoch carry on, the position inside the epoch starts at 0, and --rewarmup
+      restarts the LR warmup at the restored step, once (this phase's checkpoints record it).
+    """
+    state.epoch, state.global_step, state.global_data_samples = saved.epoch, saved.global_step, \
+        saved.global_data_samples
+    state.train_seconds, state.nonfinite_total = saved.train_seconds, saved.nonfinite_total
+    state.restore_step = saved.global_step
+    if saved.seq_length == state.seq_length:
+        layout, saved_layout = (state.micro_batch, state.grad_accum), (saved.micro_batch, saved.grad_accum)
+        if saved.epoch_micro_step and saved.micro_batch and saved_layout != layout:
+            raise InputError(
+                f"{folder}: saved inside epoch {saved.epoch + 1} (after {saved.epoch_micro_step} micro-batches) "
+                f"with micro batch {saved.micro_batch} x gradient accumulation {saved.grad_accum}; this run has "
+                f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
+                f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
+                f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+        state.epoch_micro_step, state.rewarmup_offset = saved.epoch_micro_step, saved.rewarmup_offset
+        if args.rewarmup:
+            logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
+                        "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
+        return
+    trained_at = f"sequence length {saved.seq_length}" if saved.seq_length else "an unrecorded sequence length"
+    state.epoch_micro_step = 0
+    state.rewarmup_offset = saved.global_step if args.rewarmup else saved.rewarmup_offset
+    logger.info("%s was trained at %s, this run at %d: a new phase, starting at the beginning of epoch %d%s",
+                folder, trained_at, state.seq_length, state.epoch + 1,
+                f", LR re-warmed from global step {saved.global_step}" if args.rewarmup else "")
+
+
 def load_training_checkpoint(args, model, PATH, ckpt_id):
-    """Restore engine, optimizer and client state; returns (epoch, last_global_step,
-    last_global_data_samples) and the whole client state dict as a fourth value."""
+    """Restore engine, optimizer, the session's run state and the RNG states from PATH/ckpt_id;
+    returns (epoch, last_global_step, last_global_data_samples) as the original did."""
     ckpt_id = resolve_checkpoint_tag(PATH, ckpt_id)
-    logger.info("Restoring checkpoint %s", os.path.join(PATH, ckpt_id))
+    folder = os.path.join(PATH, ckpt_id)
+    logger.info("Restoring checkpoint %s", folder)
+    check_checkpoint_fits(model, folder)
     _, client_state = model.network.load_checkpoint(PATH, ckpt_id)
     if client_state is None:
-        raise InputError(f"{os.path.join(PATH, ckpt_id)}: DeepSpeed could not load this checkpoint")
-    return (client_state["epoch"], client_state["last_global_step"],
-            client_state["last_global_data_samples"], client_state)
+        raise InputError(f"{folder}: DeepSpeed could not load this checkpoint")
+    restore_run_state(args, model.session.state, RunState.from_client_state(client_state), folder)
+    rank, world = get_rank_and_world()
+    saved_rng = client_state.get("rng_states")
+    if saved_rng is not None and len(saved_rng) == world:
+        set_rng_states(saved_rng[rank])
+    elif saved_rng is not None:
+        logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
+    return client_state["epoch"], client_state["last_global_step"], client_state["last_global_data_samples"]
 
 
-def load_checkpoint(args, model, state):
+def load_checkpoint(args, model):
     """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
-    --load_training_checkpoint/--load_checkpoint_id; fills the run state."""
+    --load_training_checkpoint/--load_checkpoint_id into the session's run state; returns the
+    epoch to start at (0 without a checkpoint)."""
     path, tag = args.load_training_checkpoint, args.load_checkpoint_id
     if args.auto_resume and complete_tags(args.saved_model_path):
         path, tag = args.saved_model_path, "latest"
@@ -502,29 +631,13 @@ def load_checkpoint(args, model, state):
     elif args.auto_resume:
         logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
                     "starting from --load_training_checkpoint" if path else "starting fresh")
+    state = model.session.state
     if path is None:
-        return
-    own = os.path.abspath(path) == os.path.abspath(args.saved_model_path)
-    epoch, step, samples, client = load_training_checkpoint(args, model, path, tag)
-    state.epoch, state.global_step, state.global_data_samples = epoch, step, samples
-    state.epoch_micro_step = client.get("epoch_micro_step", 0)
-    state.rewarmup_offset = client.get("rewarmup_offset", 0)
-    state.train_seconds = client.get("train_seconds", 0.0)
-    state.nonfinite_total = client.get("nonfinite_total", 0)
-    state.restore_step = step
-    rank, world = get_rank_and_world()
-    saved_rng = client.get("rng_states")
-    if saved_rng is not None and len(saved_rng) == world:
-        set_rng_states(saved_rng[rank])
-    elif saved_rng is not None:
-        logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
-    if args.rewarmup and not own:
-        # A new phase from another run's checkpoint: fresh warmup, epoch position from that run.
-        state.rewarmup_offset = step
-        state.epoch_micro_step = 0
-        logger.info("Re-warming the learning rate from global step %d", step)
+        return state.epoch
+    epoch, step, samples = load_training_checkpoint(args, model, path, tag)
     logger.info("Resumed at epoch %d (micro-batch %d), global step %d, %d samples", epoch + 1,
                 state.epoch_micro_step, step, samples)
+    return epoch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,9 +695,7 @@ class Reporter:
     def step(self, state, lr, loss, data_wait, engine, ctx):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
         if self.writer is not None:
-            coeffs = find_lamb_coeffs(engine)
-            if coeffs:
-                self.writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), state.global_step)
+            report_lamb_coefficients(self.args, engine, self.writer, state.global_step)
             if self.args.progressive_layer_drop:
                 self.writer.add_scalar("Train/pld_theta", ctx.pld_theta(state.global_step - 1), state.global_step)
             if engine.fp16_enabled() and engine.skipped_steps != self.fp16_skipped:
@@ -644,6 +755,15 @@ def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
     writer.add_scalar("Train/lr", lr, step)
     writer.add_scalar("Train/Samples/train_loss", loss, data_sample_count)
     writer.add_scalar("Train/Samples/lr", lr, data_sample_count)
+
+
+def report_lamb_coefficients(args, optimizer, writer=None, step=0):
+    """The last step's LAMB coefficients (None without LAMB), written as the `Train/lamb_coeffs`
+    histogram at `step` when a writer is given. `optimizer`: DeepSpeed's optimizer or the engine."""
+    coeffs = find_lamb_coeffs(optimizer)
+    if coeffs and writer is not None:
+        writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), step)
+    return coeffs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -711,7 +831,12 @@ def open_validation_set(args):
 
 
 def pretrain_validation(args, index, model, reporter=None, state=None):
-    """Loss and MLM accuracy over the validation set, averaged over all ranks."""
+    """Loss and MLM accuracy over the validation set, averaged over all ranks; None without
+    --validation_data_path_prefix. Written to the session's reporter unless one is given."""
+    if args.validation_data_path_prefix is None:
+        return None
+    if reporter is None:
+        reporter = model.session.reporter
     dataset = open_validation_set(args)
     loader = get_dataloader(args, dataset, eval_set=True)
     model.eval()
@@ -822,11 +947,23 @@ def skip_step(engine, optimizer):
     engine.step()
 
 
-def train(args, index, model, optimizer, pretrain_dataset_provider, state, reporter, ctx, finetune=False):
-    """One epoch of the step loop (from state.epoch_micro_step on). Returns the stop reason:
-    None (epoch done), "max_steps" or "time"; raises StopTraining after a signal or too many
-    non-finite losses, once the checkpoint is written."""
+def epoch_micro_batches_allowed(args, start):
+    """Micro-batches epoch may still run from position `start` under --max_steps_per_epoch,
+    which counts the epoch's optimizer steps whichever session ran them."""
+    return max(0, args.max_steps_per_epoch * args.gradient_accumulation_steps - start)
+
+
+def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=False):
+    """One epoch of the step loop, from the session's position in epoch `index` on (the run
+    state, reporter and stop signals are `model.session`'s). Returns the stop reason: None
+    (epoch done), "max_steps" or "time"; raises StopTraining after a signal or too many
+    non-finite losses, once the checkpoint is written. `finetune` is the original's parameter,
+    kept for its callers: validation is run()'s business (skipped with --finetune)."""
+    ctx = model.session
+    state, reporter = ctx.state, ctx.reporter
     engine = model.network
+    if index != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
+        state.epoch, state.epoch_micro_step = index, 0
     start = state.epoch_micro_step
     refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start)
     pretrain_dataset_provider.prefetch_shard(index + 1)
@@ -835,10 +972,11 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
         logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
                        "(%d samples unused)", index + 1, local_total, total,
                        (local_total - total) * args.train_micro_batch_size_per_gpu)
+    total = min(total, epoch_micro_batches_allowed(args, start))
     _, world = get_rank_and_world()
     samples_per_micro = args.train_micro_batch_size_per_gpu * world
     accum = args.gradient_accumulation_steps
-    epoch_steps, step_loss, data_wait, stop = 0, None, 0.0, None
+    step_loss, data_wait, stop = None, 0.0, None
     model.train()
     bar = tqdm(total=start + total, initial=start, desc=f"epoch {index + 1}", disable=not reporter.is_master,
                mininterval=2.0, file=sys.stderr)
@@ -866,7 +1004,6 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
             lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset)
             engine.step()
             state.global_step += 1
-            epoch_steps += 1
             reporter.step(state, lr, step_loss, data_wait, engine, ctx)
         step_loss, data_wait = None, 0.0
         if signum:
@@ -880,7 +1017,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
         if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
-        if stop or is_time_to_exit(args, epoch_steps=epoch_steps):
+        if stop:
             break
     bar.close()
     reporter.flush()
@@ -912,18 +1049,33 @@ def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
 
 
 class RunContext:
-    """Per-session things the step loop needs besides the run state."""
+    """One training session: the run state (saved in checkpoints), the reporter, stop signals
+    and the session's clock. prepare_model_optimizer() keeps it on the model (`model.session`),
+    where the original's calls, which pass only (args, model, ...), find it."""
 
-    def __init__(self, args, engine):
+    def __init__(self, args, engine, state):
         self.args = args
         self.engine = engine
+        self.state = state
         self.signals = StopSignals()
         self.session_start = time.time()
-        self.session_base = 0.0
+        self._reporter = None
+
+    @property
+    def reporter(self):
+        """TensorBoard (rank 0) and progress lines, opened at first use."""
+        if self._reporter is None:
+            self._reporter = Reporter(self.args, master_process())
+        return self._reporter
+
+    def close(self):
+        self.signals.uninstall()
+        if self._reporter is not None:
+            self._reporter.close()
 
     def with_time(self, state):
         """The run state with this session's training time added (for a checkpoint)."""
-        return dataclasses.replace(state, train_seconds=self.session_base + time.time() - self.session_start)
+        return dataclasses.replace(state, train_seconds=state.train_seconds + time.time() - self.session_start)
 
     def pld_theta(self, step):
         """Progressive layer drop keep-rate: theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
@@ -937,16 +1089,27 @@ class RunContext:
         return {"progressive_layer_drop": True, "pld_theta": self.pld_theta(step)}
 
 
-def run(args, model, optimizer, start_epoch, state, provider, reporter, ctx):
-    """The epoch loop: train, validate, checkpoint; a stop (--max_steps, --max_train_hours)
-    inside an epoch leaves a step{S} checkpoint that remembers the position in the epoch."""
+def run(args, model, optimizer, start_epoch, provider=None):
+    """The epoch loop from epoch `start_epoch`: train, validate, checkpoint; a stop (--max_steps,
+    --max_train_hours) inside an epoch leaves a step{S} checkpoint that remembers the position in
+    the epoch. The session is `model.session`; without a `provider` (the original's call) run()
+    opens the job config's data itself and closes it at the end."""
+    if provider is None:
+        provider = build_provider(args)
+        try:
+            return run(args, model, optimizer, start_epoch, provider)
+        finally:
+            provider.close()
+    ctx = model.session
+    state, reporter = ctx.state, ctx.reporter
+    ctx.session_start = time.time()
     num_epochs = args.config["training"]["num_epochs"]
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the checkpoint has finished %d of %d epochs", start_epoch, num_epochs)
     for index in range(start_epoch, num_epochs):
         logger.info("Training epoch %d of %d", index + 1, num_epochs)
         started = time.time()
-        stop = train(args, index, model, optimizer, provider, state, reporter, ctx)
+        stop = train(args, index, model, optimizer, provider)
         epoch_done = state.epoch == index + 1
         if args.validation_data_path_prefix and not args.finetune and (epoch_done or stop == "time"):
             pretrain_validation(args, index, model, reporter, state)
@@ -966,8 +1129,9 @@ def main(argv=None):
     try:
         args = construct_arguments(argv)
         return _main(args)
-    except (InputError, FileNotFoundError, ValueError) as e:
-        # Bad input (configs, paths, shards): one line, no traceback, unless --debug.
+    except InputError as e:
+        # Bad input (configs, paths, shards, checkpoints): one line, no traceback, unless --debug.
+        # Any other exception is a crash and keeps its traceback.
         if "--debug" in (sys.argv if argv is None else argv):
             raise
         print(f"error: {e} (run with --debug for a traceback)", file=sys.stderr)
@@ -978,15 +1142,9 @@ def main(argv=None):
 
 
 def _main(args):
-    ensure_process_group_env()
-    import deepspeed
-
-    deepspeed.init_distributed()
-    rank, world = get_rank_and_world()
-    is_master = rank == 0
+    setup_distributed(args)
+    is_master = master_process(args)
     setup_logging(args, is_master)
-    args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
-        args.ds_config, world, args.deepspeed_config)
     set_seeds(args.seed)
     if is_master:
         os.makedirs(args.saved_model_path, exist_ok=True)
@@ -997,25 +1155,21 @@ def _main(args):
 
     check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
     provider = build_provider(args)  # opens and checks the data before the model is built
-    reporter = ctx = None
+    session = None
     try:
         model, optimizer = prepare_model_optimizer(args)
-        state = RunState()
-        load_checkpoint(args, model, state)
-        reporter = Reporter(args, is_master)
+        session = model.session
+        start_epoch = load_checkpoint(args, model)
         if is_master:
-            reporter.writer.add_text("config", json.dumps(args.config, indent=2))
-        ctx = RunContext(args, model.network)
-        ctx.session_base = state.train_seconds
-        ctx.signals.install()
-        run(args, model, optimizer, state.epoch, state, provider, reporter, ctx)
+            session.reporter.writer.add_text("config", json.dumps(args.config, indent=2))
+        session.signals.install()
+        run(args, model, optimizer, start_epoch, provider)
     finally:
-        if ctx is not None:
-            ctx.signals.uninstall()
-        if reporter is not None:
-            reporter.close()
+        if session is not None:
+            session.close()
         if hasattr(provider, "close"):
             provider.close()
+    state = session.state
     logger.info("Done: %d epochs, global step %d, %d samples", state.epoch, state.global_step,
                 state.global_data_samples)
     return state

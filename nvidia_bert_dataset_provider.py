@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface
 from turing.batch import Batch, BatchType
+from turing.errors import InputFileNotFoundError, InputValueError
 from utils import get_rank_and_world
 
 logger = logging.getLogger(__name__)
@@ -35,24 +36,24 @@ def _check_hdf5_layout(path, f):
     """Keys, ranks, shapes and integer dtypes of an open shard, without reading the data."""
     missing = [k for k in HDF5_KEYS if k not in f]
     if missing:
-        raise ValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
+        raise InputValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
                          f"expected {', '.join(HDF5_KEYS)} (NVIDIA create_pretraining_data.py layout)")
     for key in HDF5_KEYS:
         if f[key].dtype.kind not in "iu":
-            raise ValueError(f"{path}: {key} has dtype {f[key].dtype}; expected an integer dtype")
+            raise InputValueError(f"{path}: {key} has dtype {f[key].dtype}; expected an integer dtype")
     ids = f["input_ids"].shape
     if len(ids) != 2:
-        raise ValueError(f"{path}: input_ids has shape {ids}; expected [N, seq_len]")
+        raise InputValueError(f"{path}: input_ids has shape {ids}; expected [N, seq_len]")
     n = ids[0]
     for key in ("input_mask", "segment_ids"):
         if f[key].shape != ids:
-            raise ValueError(f"{path}: {key} has shape {f[key].shape}; expected {ids} like input_ids")
+            raise InputValueError(f"{path}: {key} has shape {f[key].shape}; expected {ids} like input_ids")
     preds = f["masked_lm_positions"].shape
     if len(preds) != 2 or preds[0] != n or f["masked_lm_ids"].shape != preds:
-        raise ValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids {f['masked_lm_ids'].shape} "
+        raise InputValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids {f['masked_lm_ids'].shape} "
                          f"must both be [N={n}, max_predictions]")
     if f["next_sentence_labels"].shape != (n,):
-        raise ValueError(f"{path}: next_sentence_labels has shape {f['next_sentence_labels'].shape}; "
+        raise InputValueError(f"{path}: next_sentence_labels has shape {f['next_sentence_labels'].shape}; "
                          f"expected ({n},)")
 
 
@@ -65,7 +66,7 @@ def _open_checked(path):
             _check_hdf5_layout(path, f)
             yield f
     except OSError as e:
-        raise ValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
+        raise InputValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
 
 
 def check_hdf5_shard(path):
@@ -84,7 +85,7 @@ def read_hdf5_shard(path):
     length = arrays["input_ids"].shape[1]
     positions = arrays["masked_lm_positions"]
     if positions.size and (positions.min() < 0 or positions.max() >= length):
-        raise ValueError(f"{path}: masked_lm_positions outside [0, {length})")
+        raise InputValueError(f"{path}: masked_lm_positions outside [0, {length})")
     return arrays
 
 
@@ -109,7 +110,7 @@ class PretrainingHdf5Dataset(Dataset):
             ids = arrays["input_ids"]
             top = max(int(ids.max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
             if top >= vocab_size or int(ids.min(initial=0)) < 0:
-                raise ValueError(f"{path}: token id {top} outside the vocab of {vocab_size} entries; "
+                raise InputValueError(f"{path}: token id {top} outside the vocab of {vocab_size} entries; "
                                  f"was the shard made with another vocab.txt?")
 
     def __len__(self):
@@ -155,12 +156,12 @@ class _WorkerInit:
 def list_training_files(folder):
     """Shard files of a folder: names containing 'training', sorted."""
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{folder}: pretraining data folder not found "
+        raise InputFileNotFoundError(f"{folder}: pretraining data folder not found "
                                 f"(config data.mixed_seq_datasets.<seq>.pretrain_dataset under --data_path_prefix)")
     files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
                    if "training" in f and os.path.isfile(os.path.join(folder, f)))
     if not files:
-        raise FileNotFoundError(f"{folder}: no shard files with 'training' in the name "
+        raise InputFileNotFoundError(f"{folder}: no shard files with 'training' in the name "
                                 f"(expected NVIDIA hdf5 shards such as x_training_shard0.hdf5)")
     return files
 
@@ -204,7 +205,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._future = None
         return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
 
-    def get_shard(self, index, start_batch=0):
+    def get_shard(self, index, *, start_batch=0):
         """(iterator over the epoch's micro batches from `start_batch` on, micro batches left)."""
         dataset = self._dataset(index)
         # The order of an epoch depends on (seed, epoch, rank) only, so a resumed epoch can

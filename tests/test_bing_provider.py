@@ -219,7 +219,7 @@ def data_root(tmp_path):
 
 
 def read_epoch(provider, index, start_batch=0):
-    refs, total = provider.get_shard(index, start_batch)
+    refs, total = provider.get_shard(index, start_batch=start_batch)
     assert len(refs) == total
     batches = []
     for ref in refs:

@@ -66,7 +66,7 @@ if __package__ in (None, ""):
     # Run as a script (python tools/prepare_data.py): make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from turing.tokenization import build_fast_tokenizer, load_vocab, special_token_ids  # noqa: E402
+from turing.tokenization import build_fast_tokenizer, load_vocab, special_token_ids, vocab_size  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -978,14 +978,15 @@ def prepare(args):
         else:
             vocab_file = args.vocab_file
         vocab, special = check_vocab(vocab_file, args.format, args.bing_layout)
-        # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line).
+        # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line);
+        # random replacement ids span every line, as the model's rows do (vocab_size).
         with open(vocab_file, encoding="utf-8") as f:
             tokens_by_id = [line.rstrip() for line in f]
         settings = Settings(
             fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
             max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
             short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
-            vocab_size=len(tokens_by_id), cls_id=special["cls"], sep_id=special["sep"],
+            vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
             mask_id=special["mask"], unk_id=special["unk"])
         # Built here, before the workers fork, so they inherit its one-time set-up.
         tokenizer = build_fast_tokenizer(vocab_file, do_lower_case=args.do_lower_case)

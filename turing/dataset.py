@@ -37,7 +37,8 @@ import torch
 from torch.utils.data import Dataset
 
 from turing.batch import Batch, BatchType
-from turing.tokenization import load_vocab, special_token_ids
+from turing.errors import InputFileNotFoundError, InputValueError
+from turing.tokenization import load_vocab, special_token_ids, vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _splitmix(x):
     return x ^ (x >> np.uint64(31))
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(InputValueError):
     """A Bing shard folder whose files are missing or inconsistent."""
 
 
@@ -81,7 +82,7 @@ class BingShard:
 
     def __init__(self, folder):
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"Bing shard folder {folder} does not exist")
+            raise InputFileNotFoundError(f"Bing shard folder {folder} does not exist")
         self.folder = folder
         self.data = self._load("data.npy", 1, np.uint8)
         self.instance_offsets = np.asarray(self._load("instance_offsets.npy", 1, "int"), dtype=np.int64)
@@ -415,11 +416,11 @@ class BingPretrainDataset(Dataset):
 
     def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0):
         if max_seq_length < 3:
-            raise ValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
+            raise InputValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
         self.shard = shard
         special = special_token_ids(vocab)
         self.cls_id, self.sep_id, self.mask_id = special["cls"], special["sep"], special["mask"]
-        self.vocab_size = max(vocab.values()) + 1
+        self.vocab_size = vocab_size(vocab)
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
         self.seed = seed
@@ -515,7 +516,7 @@ def open_validation_dataset(path, vocab, args):
     Items are per-sample Batches; batch them with turing.batch.collate_batch.
     """
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"validation set folder {path} does not exist")
+        raise InputFileNotFoundError(f"validation set folder {path} does not exist")
     if is_bing_shard(path):
         folders = [path]
     else:

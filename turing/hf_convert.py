@@ -37,6 +37,7 @@ import re
 
 import torch
 
+from turing.errors import InputFileNotFoundError, InputValueError
 from turing.jsonfile import read_json
 from turing.modeling import LAYER_NORM_EPS, BertConfig
 from turing.tokenization import vocab_size_padded
@@ -71,11 +72,11 @@ _SPEC_LAYER_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attention\.
                              r"(?:weight|bias)|" + "|".join(re.escape(n) for n in _KERNEL_NAMES.values()) + r")$")
 
 
-class ConversionError(ValueError):
+class ConversionError(InputValueError):
     """Weights or a config that cannot be mapped; the message names the key or file."""
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(InputFileNotFoundError):
     """A checkpoint folder, tag or file that does not exist; the message names the path."""
 
 
@@ -434,8 +435,9 @@ def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None):
     return folder
 
 
-def _numpy_array_globals():
-    """What unpickling a numpy array needs (the client state holds numpy RNG states)."""
+def numpy_array_globals():
+    """What unpickling a numpy array needs (older checkpoints' client states hold numpy RNG
+    states); allowed in weights-only loads."""
     import numpy as np
 
     multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
@@ -444,11 +446,15 @@ def _numpy_array_globals():
         if hasattr(getattr(np, "dtypes", None), name)]
 
 
-def _torch_load(path):
+def _torch_load(path, unpickle_fallback=True):
     try:
-        with torch.serialization.safe_globals(_numpy_array_globals()):
+        with torch.serialization.safe_globals(numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as first:  # noqa: BLE001 - torch raises several types here
+        if not unpickle_fallback:
+            raise ConversionError(f"{path}: does not load with torch.load(weights_only=True) "
+                                  f"({str(first).splitlines()[0][:200]}); it is not unpickled here, as that "
+                                  f"could run code from the file") from None
         # DeepSpeed model-state files can hold Python objects beyond tensors, plain containers
         # and numpy arrays (depending on the DeepSpeed version and config: argparse
         # Namespaces, enums), which the weights-only unpickler refuses; those need the full
@@ -461,11 +467,14 @@ def _torch_load(path):
             raise ConversionError(f"{path}: not a readable torch checkpoint ({e})") from None
 
 
-def load_checkpoint_state(checkpoint_dir, tag=None):
+def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
     """Read the model weights of one of our DeepSpeed checkpoints.
 
     checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
     a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt.
+    The file is read with torch.load(weights_only=True); one that needs the full unpickler
+    (Python objects of other DeepSpeed versions) is then unpickled with a warning, or refused
+    with unpickle_fallback=False.
     Returns (state_dict in fp32 with SPEC 5 keys, job_config dict or None, args dict or None);
     the two dicts come from the job_config.json and args.json saved next to the checkpoint.
     """
@@ -474,7 +483,7 @@ def load_checkpoint_state(checkpoint_dir, tag=None):
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
                                       "checkpoint of one model-parallel rank)")
-    saved = _torch_load(path)
+    saved = _torch_load(path, unpickle_fallback)
     if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
         raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
     state = {}

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from turing.errors import InputFileNotFoundError, InputValueError
 from turing.jsonfile import read_json
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ LAMB_PARAMS = ("lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weig
                "max_grad_norm", "max_coeff", "min_coeff", "amsgrad")
 
 
-class LambConfigError(ValueError):
+class LambConfigError(InputValueError):
     """A DeepSpeed config asks for Lamb with parameters this optimizer cannot take."""
 
 
@@ -162,7 +163,7 @@ def find_lamb_coeffs(optimizer):
 def _read_ds_config(ds_config):
     if isinstance(ds_config, dict):
         return ds_config
-    return read_json(ds_config, "DeepSpeed config", LambConfigError, FileNotFoundError)
+    return read_json(ds_config, "DeepSpeed config", LambConfigError, InputFileNotFoundError)
 
 
 def lamb_kwargs_from_ds(params, where="optimizer.params"):

@@ -55,6 +55,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
+from turing.errors import InputFileNotFoundError, InputValueError
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ LAYER_NORM_EPS = 1e-12
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh}
 
 
-class BertConfigError(ValueError):
+class BertConfigError(InputValueError):
     """A model configuration that cannot be built; the message names the key or file."""
 
 
@@ -152,7 +153,7 @@ class BertConfig:
             with open(json_file, encoding="utf-8") as reader:
                 json_object = json.load(reader)
         except FileNotFoundError:
-            raise FileNotFoundError(f"model config {json_file}: file not found") from None
+            raise InputFileNotFoundError(f"model config {json_file}: file not found") from None
         except json.JSONDecodeError as e:
             raise BertConfigError(f"model config {json_file}: not valid JSON ({e})") from None
         try:
@@ -338,7 +339,7 @@ class BertEmbeddings(nn.Module):
         """(B, L) ids -> (B, L, H); with `unpadding`, the kept tokens only: (T, H)."""
         seq_length = input_ids.size(1)
         if seq_length > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {seq_length} exceeds max_position_embeddings "
+            raise InputValueError(f"sequence length {seq_length} exceeds max_position_embeddings "
                              f"{self.position_embeddings.num_embeddings}")
         if unpadding is not None:
             embeddings = (self.word_embeddings(unpadding.pack(input_ids))
@@ -477,12 +478,14 @@ class BertEncoder(nn.Module):
     def __init__(self, config, checkpoint_activations=False, sparse_attention=None, kernel_layers=None):
         super().__init__()
         self.uses_transformer_kernel = kernel_layers is not None
+        # Registered before the layers, as in the original: parameter order is what positional
+        # optimizer states (and DeepSpeed's flat master weights) are matched by.
+        self.FinalLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
         if self.uses_transformer_kernel:
             self.layer = nn.ModuleList(kernel_layers)
         else:
             self.layer = nn.ModuleList([BertLayer(config, sparse_attention)
                                         for _ in range(config.num_hidden_layers)])
-        self.FinalLayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
         self.checkpoint_activations = checkpoint_activations
         self.last_layers_run = 0  # layers computed by the last forward (PLD skips some)
         self.register_load_state_dict_pre_hook(_load_layers_in_own_layout)
@@ -609,25 +612,25 @@ def check_model_flags(args):
     if getattr(args, "unpad", False):
         for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
             if getattr(args, flag, False):
-                raise ValueError(f"--unpad cannot be combined with --{flag} (it needs full-length, "
+                raise InputValueError(f"--unpad cannot be combined with --{flag} (it needs full-length, "
                                  "padded sequences)")
     if not getattr(args, "deepspeed_transformer_kernel", False):
         return
     if getattr(args, "deepspeed_sparse_attention", False):
-        raise ValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
+        raise InputValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
     if not torch.cuda.is_available():
-        raise ValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
+        raise InputValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
                          "layer is a CUDA op); none is available, run without the flag")
     if getattr(args, "progressive_layer_drop", False):
-        raise ValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
+        raise InputValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
                          "(the fused layer cannot scale or skip its branches)")
     if getattr(args, "checkpoint_activations", False):
-        raise ValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
+        raise InputValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
                          "use the kernel's --attention_dropout_checkpoint, --gelu_checkpoint and "
                          "--normalize_invertible to save memory")
     precision = _precision(getattr(args, "ds_config", None) or {})
     if precision == "bf16":
-        raise ValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
+        raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
                          "enables bf16")
 
 
@@ -644,7 +647,7 @@ def _transformer_kernel_layers(config, args):
                               "--deepspeed_transformer_kernel computes gelu only")
     batch_size = getattr(args, "train_micro_batch_size_per_gpu", None)
     if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError("--deepspeed_transformer_kernel needs args.train_micro_batch_size_per_gpu (the "
+        raise InputValueError("--deepspeed_transformer_kernel needs args.train_micro_batch_size_per_gpu (the "
                          f"kernel's maximum batch), got {batch_size!r}")
     local_rank = getattr(args, "local_rank", -1)
     if local_rank is None or local_rank < 0:

@@ -12,13 +12,14 @@ import os
 import torch
 
 from turing.batch import Batch
+from turing.errors import InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
-from turing.tokenization import load_vocab, vocab_size_padded
+from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 
 logger = logging.getLogger(__name__)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputValueError):
     """A weights file that does not fit the model; the message names the file."""
 
 
@@ -29,9 +30,8 @@ class BertMultiTask:
             raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
         self.config = BertConfig.from_dict(job_config["bert_model_config"])
         vocab = load_vocab(args.vocab_file)
-        # Ids are line numbers, so the highest id (not the dict size, which merges duplicate
-        # lines) sets the embedding rows; padded to 8 for tensor-core friendly shapes.
-        file_vocab_size = max(vocab.values()) + 1 if vocab else 0
+        # One row per vocab line (repeated lines included), padded to 8 for tensor-core friendly shapes.
+        file_vocab_size = vocab_size(vocab)
         if file_vocab_size == 0:
             raise BertConfigError(f"vocab file {args.vocab_file}: empty, expected one token per line")
         self.config.vocab_size = vocab_size_padded(file_vocab_size)
@@ -52,7 +52,7 @@ class BertMultiTask:
 
     def load(self, state_dict_file):
         if not os.path.isfile(state_dict_file):
-            raise FileNotFoundError(f"model weights {state_dict_file}: file not found")
+            raise InputFileNotFoundError(f"model weights {state_dict_file}: file not found")
         try:
             state_dict = torch.load(state_dict_file, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several types for a file it cannot read

@@ -41,13 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from turing.errors import InputValueError
 logger = logging.getLogger(__name__)
 
 MODES = ("dense", "fixed", "variable", "bigbird", "bslongformer")
 ATTENTION_TYPES = ("bidirectional", "unidirectional")
 
 
-class SparsityConfigError(ValueError):
+class SparsityConfigError(InputValueError):
     """A sparse-attention setting that DeepSpeed's rules do not allow."""
 
 
@@ -476,7 +477,7 @@ def prepare_mask(layout, block, key_padding_mask, batch, seq_len, device, backen
     padded = math.ceil(seq_len / block) * block
     nb = padded // block
     if layout.shape[-1] < nb:
-        raise ValueError(f"sequence length {seq_len} needs {nb} blocks of {block}, but the sparse layout "
+        raise InputValueError(f"sequence length {seq_len} needs {nb} blocks of {block}, but the sparse layout "
                          f"was built for {layout.shape[-1]} (raise max_seq_length)")
     lay = layout[:, :nb, :nb].to(device=device, dtype=torch.bool)
     keep = _keep_mask(key_padding_mask, batch, seq_len)

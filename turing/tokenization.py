@@ -24,6 +24,7 @@ import unicodedata
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from turing.errors import InputFileNotFoundError, InputValueError
 logger = logging.getLogger(__name__)
 
 UNK = "[UNK]"
@@ -35,9 +36,12 @@ _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700,
 
 
 def load_vocab(vocab_file):
-    """vocab.txt -> OrderedDict token -> id, the id being the line index."""
+    """vocab.txt -> OrderedDict token -> id, the id being the line index.
+
+    A token on several lines keeps the id of its last line (as Google BERT's load_vocab and the
+    `tokenizers` WordPiece reader do); see `vocab_size` for the size such a file gives."""
     if not os.path.isfile(vocab_file):
-        raise FileNotFoundError(f"vocab file {vocab_file!r} not found: expected a vocab.txt "
+        raise InputFileNotFoundError(f"vocab file {vocab_file!r} not found: expected a vocab.txt "
                                 "with one WordPiece token per line")
     vocab = collections.OrderedDict()
     with open(vocab_file, encoding="utf-8") as f:
@@ -105,7 +109,7 @@ def build_fast_tokenizer(vocab_file_or_vocab_dict, do_lower_case=True):
     if isinstance(vocab, (str, os.PathLike)):
         source, vocab = f"vocab file {os.fspath(vocab)!r}", load_vocab(vocab)
     if UNK not in vocab:
-        raise ValueError(f"{source} has no {UNK} token: WordPiece needs it for unknown words")
+        raise InputValueError(f"{source} has no {UNK} token: WordPiece needs it for unknown words")
     clean, lower, pre = _google_rules()
     tokenizer = Tokenizer(models.WordPiece(dict(vocab), unk_token=UNK, continuing_subword_prefix="##",
                                            max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
@@ -123,7 +127,7 @@ class BertTokenizer:
         self.ids_to_tokens = collections.OrderedDict((i, t) for t, i in self.vocab.items())
         self.do_lower_case = do_lower_case
         if UNK not in self.vocab:
-            raise ValueError(f"vocab file {vocab_file!r} has no {UNK} token")
+            raise InputValueError(f"vocab file {vocab_file!r} has no {UNK} token")
         self._unk_id = self.vocab[UNK]
         self._fast = build_fast_tokenizer(self.vocab, do_lower_case)
 
@@ -134,7 +138,7 @@ class BertTokenizer:
         if os.path.isdir(path):
             path = os.path.join(path, "vocab.txt")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"tokenizer vocab {path!r} not found: expected a vocab.txt file "
+            raise InputFileNotFoundError(f"tokenizer vocab {path!r} not found: expected a vocab.txt file "
                                     "or a folder holding vocab.txt (model names are not downloaded)")
         return cls(path, do_lower_case=do_lower_case)
 
@@ -155,6 +159,15 @@ class BertTokenizer:
         return [self.ids_to_tokens[int(i)] for i in ids]
 
 
+def vocab_size(vocab):
+    """The number of ids a vocab spans: its highest id + 1, i.e. the vocab file's line count.
+
+    The one definition of a vocab's size (model rows, data checks, the data tool). It differs
+    from len(vocab) when a line repeats: the earlier line's id is then never produced by the
+    tokenizer, but it is a valid id (another tool may have written it) and keeps its row."""
+    return max(vocab.values()) + 1 if vocab else 0
+
+
 def vocab_size_padded(vocab_size, multiple=8):
     """Vocab size rounded up to a multiple of `multiple` (the model's embedding rows)."""
     if vocab_size < 1 or multiple < 1:
@@ -166,7 +179,7 @@ def special_token_ids(vocab):
     """{"pad", "unk", "cls", "sep", "mask"} -> id of [PAD], [UNK], [CLS], [SEP], [MASK]."""
     missing = [tok for tok in SPECIAL_TOKENS.values() if tok not in vocab]
     if missing:
-        raise ValueError(f"vocab lacks special token(s) {', '.join(missing)}: a BERT vocab.txt "
+        raise InputValueError(f"vocab lacks special token(s) {', '.join(missing)}: a BERT vocab.txt "
                          "must list [PAD], [UNK], [CLS], [SEP] and [MASK]")
     return {key: vocab[tok] for key, tok in SPECIAL_TOKENS.items()}
 

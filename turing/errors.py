@@ -1,0 +1,21 @@
+"""The project's error types for bad user input: configs, flags, paths, data and checkpoint files.
+
+The training script reports an `InputError` as one line (no traceback unless --debug) and exit
+code 2; every other exception, whatever its type, is a crash and keeps its traceback. Raise
+these only where the cause is the user's input and the message says what to change.
+
+`InputValueError` and `InputFileNotFoundError` are also a `ValueError` / `FileNotFoundError`, so
+library callers that catch the built-in types keep working.
+"""
+
+
+class InputError(Exception):
+    """Bad user input; the message names the file, key or flag and what was expected."""
+
+
+class InputValueError(InputError, ValueError):
+    """A config value, flag combination or data file that cannot be used."""
+
+
+class InputFileNotFoundError(InputError, FileNotFoundError):
+    """A file or folder the user named does not exist."""
