@@ -31,6 +31,7 @@ from tqdm import tqdm
 from turing.errors import InputError
 from turing.jsonfile import read_json
 from turing.lamb import find_lamb_coeffs
+from turing.modeling import BertConfig, BertConfigError
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
 
@@ -164,7 +165,57 @@ def construct_arguments(argv=None):
     if args.max_predictions_per_seq > args.max_seq_length:
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
                          f"--max_seq_length {args.max_seq_length}")
+    check_config_values(args)
     return args
+
+
+def _check_value(value, name, low, *, above=False, high=None, integer=False):
+    """InputError unless `value` is a JSON/command-line number (an int where `integer`) in
+    [low, high], or (low, high] where `above`. A quoted number ("0.01") is refused by name."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, str):
+        raise InputError(f"{name} must be {kind}, got the string {value!r} (remove the quotes)")
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name} must be {kind}, got {value!r}")
+    if (value <= low if above else value < low) or (high is not None and value > high):
+        bounds = f"{'>' if above else '>='} {low}" + ("" if high is None else f" and <= {high}")
+        raise InputError(f"{name} must be {bounds}, got {value!r}")
+
+
+def check_config_values(args):
+    """Refuse values no run can mean, before any work, with one line naming the key or flag:
+    the training section's numbers (learning_rate > 0, total_training_steps >= 1 and
+    num_epochs >= 1 whole numbers, warmup_proportion in [0, 1], decay_step > 0, decay_rate in
+    (0, 1], weight_decay >= 0, num_workers >= 0; never quoted strings), the model sizes of
+    bert_model_config, and the step and size flags."""
+    where = f"{args.config_file}: mixed_seq_training.{args.max_seq_length}"
+    training = args.config["training"]
+    rules = {"learning_rate": dict(low=0, above=True),
+             "total_training_steps": dict(low=1, integer=True),
+             "num_epochs": dict(low=1, integer=True),
+             "warmup_proportion": dict(low=0, high=1),
+             "decay_step": dict(low=0, above=True),
+             "decay_rate": dict(low=0, above=True, high=1),
+             "weight_decay": dict(low=0),
+             "num_workers": dict(low=0, integer=True)}
+    for key, rule in rules.items():
+        if key in training:
+            _check_value(training[key], f"{where}.{key}", **rule)
+    try:
+        model_config = BertConfig.from_dict(args.config["bert_model_config"])
+    except BertConfigError as e:
+        raise InputError(f"{args.config_file}: {e}") from None
+    for flag, low in (("max_seq_length", 5), ("max_predictions_per_seq", 1), ("print_steps", 1),
+                      ("max_steps", 1), ("max_steps_per_epoch", 1), ("refresh_bucket_size", 1),
+                      ("checkpoint_every_steps", 0), ("keep_last_checkpoints", 0), ("max_nonfinite_steps", 1)):
+        _check_value(getattr(args, flag), f"--{flag}", low, integer=True)
+    if args.max_seq_length > model_config.max_position_embeddings:
+        raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
+                         f"{model_config.max_position_embeddings} of {args.config_file}")
+    if args.max_train_hours is not None:
+        _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
+    for epoch in args.ckpt_to_save or ():
+        _check_value(epoch, "--ckpt_to_save", 1, integer=True)
 
 
 def resolve_batch_sizes(ds_config, world, path):
@@ -818,8 +869,8 @@ def open_validation_set(args):
 
         from nvidia_bert_dataset_provider import PretrainingHdf5Dataset, read_hdf5_shard
 
-        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f)), f, args.vocab_size)
-                 for f in hdf5]
+        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
+                                        args.vocab_size) for f in hdf5]
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)
     from turing.dataset import open_validation_dataset
 
@@ -862,6 +913,9 @@ def pretrain_validation(args, index, model, reporter=None, state=None):
                                    torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
     if dist.is_initialized():
         dist.all_reduce(totals)
+    if totals[5] == 0:
+        raise InputError(f"{os.path.join(args.validation_data_path_prefix, args.config['validation']['path'])}: "
+                         f"the validation set has no sequences (validation.path under --validation_data_path_prefix)")
     model.train()
     loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
     logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%.4f", index + 1, loss,

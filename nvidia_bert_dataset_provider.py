@@ -32,8 +32,9 @@ HDF5_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "m
              "next_sentence_labels")
 
 
-def _check_hdf5_layout(path, f):
-    """Keys, ranks, shapes and integer dtypes of an open shard, without reading the data."""
+def _check_hdf5_layout(path, f, max_seq_length=None):
+    """Keys, ranks, shapes and integer dtypes of an open shard, without reading the data; the
+    sequence length must be `max_seq_length` when given."""
     missing = [k for k in HDF5_KEYS if k not in f]
     if missing:
         raise InputValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
@@ -44,6 +45,9 @@ def _check_hdf5_layout(path, f):
     ids = f["input_ids"].shape
     if len(ids) != 2:
         raise InputValueError(f"{path}: input_ids has shape {ids}; expected [N, seq_len]")
+    if max_seq_length is not None and ids[1] != max_seq_length:
+        raise InputValueError(f"{path}: sequences of length {ids[1]}, but --max_seq_length is {max_seq_length}; "
+                         f"use shards made for {max_seq_length}")
     n = ids[0]
     for key in ("input_mask", "segment_ids"):
         if f[key].shape != ids:
@@ -58,34 +62,51 @@ def _check_hdf5_layout(path, f):
 
 
 @contextlib.contextmanager
-def _open_checked(path):
+def _open_checked(path, max_seq_length=None):
     """The open shard with its layout checked; an unreadable file (at open or while reading
     inside the block) becomes one ValueError naming it."""
     try:
         with h5py.File(path, "r") as f:
-            _check_hdf5_layout(path, f)
+            _check_hdf5_layout(path, f, max_seq_length)
             yield f
     except OSError as e:
         raise InputValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
 
 
-def check_hdf5_shard(path):
+def check_hdf5_shard(path, max_seq_length=None):
     """Open a shard and check its layout (cheap: reads no data); returns the sample count."""
-    with _open_checked(path) as f:
+    with _open_checked(path, max_seq_length) as f:
         return f["input_ids"].shape[0]
 
 
-def read_hdf5_shard(path):
-    """Read and check one shard; returns a dict of numpy arrays keyed by HDF5_KEYS.
-
-    Module-level so the background process pool can run it.
-    """
-    with _open_checked(path) as f:
-        arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
+def _check_values(path, arrays):
+    """Values no shard can mean: negative token ids, masks/segments/NSP labels outside {0, 1},
+    masked positions outside the sequence."""
     length = arrays["input_ids"].shape[1]
     positions = arrays["masked_lm_positions"]
     if positions.size and (positions.min() < 0 or positions.max() >= length):
         raise InputValueError(f"{path}: masked_lm_positions outside [0, {length})")
+    for key in ("input_ids", "masked_lm_ids"):
+        if arrays[key].size and arrays[key].min() < 0:
+            row = int(np.argwhere(arrays[key] < 0)[0][0])
+            raise InputValueError(f"{path}: {key} holds token id {int(arrays[key].min())} (row {row}); token ids are >= 0")
+    for key, meaning in (("input_mask", "1 = real token, 0 = padding"), ("segment_ids", "0 = segment A, 1 = B"),
+                         ("next_sentence_labels", "1 = B is random, 0 = B follows A")):
+        bad = (arrays[key] != 0) & (arrays[key] != 1)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise InputValueError(f"{path}: {key} holds {int(arrays[key][bad][0])} (row {row}); expected 0 or 1 ({meaning})")
+
+
+def read_hdf5_shard(path, max_seq_length=None):
+    """Read and check one shard (layout, sequence length when given, values); returns a dict
+    of numpy arrays keyed by HDF5_KEYS.
+
+    Module-level so the background process pool can run it.
+    """
+    with _open_checked(path, max_seq_length) as f:
+        arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
+    _check_values(path, arrays)
     return arrays
 
 
@@ -109,7 +130,7 @@ class PretrainingHdf5Dataset(Dataset):
         if vocab_size is not None:
             ids = arrays["input_ids"]
             top = max(int(ids.max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
-            if top >= vocab_size or int(ids.min(initial=0)) < 0:
+            if top >= vocab_size:
                 raise InputValueError(f"{path}: token id {top} outside the vocab of {vocab_size} entries; "
                                  f"was the shard made with another vocab.txt?")
 
@@ -182,16 +203,26 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.micro_batch = args.train_micro_batch_size_per_gpu
         self.num_workers = int(args.config["training"].get("num_workers", 0))
         self.vocab_size = getattr(args, "vocab_size", None)
+        self.max_seq_length = getattr(args, "max_seq_length", None)
         folder = os.path.join(args.data_path_prefix, args.config["data"]["datasets"]["pretrain_dataset"])
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
         random.Random(args.seed).shuffle(self.files)
-        check_hdf5_shard(self.shard_path(0))  # a bad first shard fails before any training
+        self._check_shards(args.config["training"].get("num_epochs", len(self.files)))
         self._pool = None
         self._future = None          # (epoch, Future) of the shard being read in the background
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
+
+    def _check_shards(self, num_epochs):
+        """Layout, sequence length and size of every shard this rank reads in the run (cheap:
+        no data is read), so a wrong or too small shard fails before any training."""
+        for path in dict.fromkeys(self.shard_path(epoch) for epoch in range(num_epochs)):
+            samples = check_hdf5_shard(path, self.max_seq_length)
+            if samples < self.micro_batch:
+                raise InputValueError(f"{path}: {samples} samples, fewer than the micro batch of {self.micro_batch}: "
+                                 f"an epoch on this shard would train 0 steps")
 
     def shard_path(self, index):
         return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]
@@ -201,7 +232,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         if self._future is not None and self._future[0] == index:
             arrays = self._future[1].result()
         else:
-            arrays = read_hdf5_shard(path)
+            arrays = read_hdf5_shard(path, self.max_seq_length)
         self._future = None
         return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
 
@@ -236,7 +267,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         if self._pool is None:
             # spawn, not fork: the trainer holds threads (gloo, DataLoader) that fork would copy mid-state.
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index)))
+        self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index), self.max_seq_length))
 
     def get_batch(self, batch_iter):
         return batch_iter

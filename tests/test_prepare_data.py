@@ -312,11 +312,6 @@ def test_word_cache_tokenizer_equals_plain_encoding(data):
 
 
 def test_truncation_matches_bert_truncate_seq_pair():
-    """Both forms: the tool's per-instance counts and the providers' vectorised lengths
-    (turing.dataset.truncate_pair; kept apart because the tool calls it once per instance in
-    a pure-Python loop, where numpy per call would cost more than the loop)."""
-    from turing.dataset import truncate_pair
-
     for len_a in range(1, 12):
         for len_b in range(1, 12):
             a, b = len_a, len_b
@@ -326,7 +321,6 @@ def test_truncation_matches_bert_truncate_seq_pair():
                 else:
                     b -= 1
             assert prepare_data.truncation(len_a, len_b, 8) == (len_a - a, len_b - b)
-            assert tuple(int(n) for n in truncate_pair(np.array(len_a), np.array(len_b), 8)) == (a, b)
 
 
 def test_instances_follow_bert_segment_rules():

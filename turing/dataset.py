@@ -392,19 +392,6 @@ def epoch_sample_order(num_samples, seed, epoch, rank=0, world=1, salt=0):
     return perm[rank:per_rank * world:world]
 
 
-def truncate_pair(len_a, len_b, max_tokens):
-    """Lengths after trimming the longer segment (B on ties) one token at a time to fit max_tokens.
-
-    Vectorised closed form of BERT's truncate_seq_pair; tokens are removed from the end.
-    """
-    over = len_a + len_b > max_tokens
-    half_up = (max_tokens + 1) // 2
-    new_a = np.minimum(len_a, np.maximum(max_tokens - len_b, half_up))
-    new_a = np.where(over, new_a, len_a)
-    new_b = np.where(over, max_tokens - new_a, len_b)
-    return new_a, new_b
-
-
 class BingPretrainDataset(Dataset):
     """Masked `[CLS] A [SEP] B [SEP]` samples of a TokenizedShard, built a micro batch at a time.
 
@@ -417,6 +404,14 @@ class BingPretrainDataset(Dataset):
     def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0):
         if max_seq_length < 3:
             raise InputValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
+        tokens = np.diff(shard.first_token)  # (N,) tokens of A + B per instance
+        if len(tokens) and tokens.max() > max_seq_length - 3:
+            # Shards are cut for one sequence length (as NVIDIA's are): a longer instance means
+            # a shard made for longer sequences, whose tokens past the length would be lost.
+            i = int(np.argmax(tokens))
+            raise ShardFormatError(f"Bing shard {shard.name}: instance {i} has {int(tokens[i])} tokens, more than "
+                                   f"the {max_seq_length - 3} that fit --max_seq_length {max_seq_length}: a shard made "
+                                   f"for longer sequences; use shards made for {max_seq_length}")
         self.shard = shard
         special = special_token_ids(vocab)
         self.cls_id, self.sep_id, self.mask_id = special["cls"], special["sep"], special["mask"]
@@ -447,9 +442,8 @@ class BingPretrainDataset(Dataset):
         length = self.max_seq_length
         shard = self.shard
         start = shard.first_token[idx]
-        len_a = shard.tokens_split[idx]
-        len_b = shard.first_token[idx + 1] - start - len_a
-        a, b = truncate_pair(len_a, len_b, length - 3)
+        a = shard.tokens_split[idx]               # (B,) tokens of A, then of B (they fit: see __init__)
+        b = shard.first_token[idx + 1] - start - a
         used = a + b + 3  # (B,) real tokens incl. [CLS] and two [SEP]
 
         pos = np.arange(length)[None, :]  # (1, L)
@@ -457,7 +451,7 @@ class BingPretrainDataset(Dataset):
         in_a = (pos >= 1) & (pos <= a[:, None])
         in_b = (pos >= b_first) & (pos < b_first + b[:, None])
         words = in_a | in_b               # (B, L) candidates for masking: all but [CLS]/[SEP]/pad
-        src = np.where(in_a, start[:, None] + pos - 1, (start + len_a)[:, None] + pos - b_first)
+        src = np.where(in_a, start[:, None] + pos - 1, (start + a)[:, None] + pos - b_first)
         input_ids = np.where(words, shard.ids[np.where(words, src, 0)], 0).astype(np.int64)
         input_ids[:, 0] = self.cls_id
         rows = np.arange(len(idx))
