@@ -13,6 +13,7 @@ from data_worker import DataExhaustedError
 from turing.batch import BatchType, collate_batch
 from turing.dataset import (BingPretrainDataset, BingShard, ShardFormatError, VocabIndex, epoch_sample_order,
                             main as dataset_main, open_validation_dataset, tokenize_shard, truncate_pair)
+from turing.tokenization import load_vocab
 
 # Special tokens deliberately not at bert-base's ids, so hard-coded ids would show.
 VOCAB = ["[unused0]", "w0", "[PAD]", "[SEP]", "[UNK]", "[MASK]", "[CLS]"] + [f"w{i}" for i in range(1, 60)] \
@@ -261,6 +262,35 @@ def test_provider_worker_on_off_and_resume_give_the_same_batches(data_root):
     assert refs_resumed == refs[k:]
     for x, y in zip(resumed, batches[k:]):
         assert all(torch.equal(a, b) for a, b in zip(x, y))
+
+
+def _masking_shares(batches):
+    ids = torch.cat([b.input_ids for b in batches]).numpy()
+    labels = torch.cat([b.masked_lm_labels for b in batches]).numpy()
+    used = torch.cat([b.input_mask for b in batches]).sum(1).numpy()
+    chosen = labels >= 0
+    as_mask = (ids[chosen] == VOCAB.index("[MASK]")).mean()
+    kept = (ids[chosen] == labels[chosen]).mean()
+    return chosen.sum(1), used, as_mask, kept
+
+
+def test_masking_rate_and_split_come_from_the_training_config(data_root):
+    args = make_args(data_root, data_root / "vocab.txt", async_worker=False)
+    args.max_predictions_per_seq = 30
+    args.config["training"].update(masked_lm_prob=0.3, mask_split=[0.5, 0.0, 0.5])
+    provider = BingBertDatasetProvider(args)
+    _, batches = read_epoch(provider, 0)
+    provider.close()
+    counts, used, as_mask, kept = _masking_shares(batches)
+    assert counts.sum() > 300
+    np.testing.assert_array_equal(counts, np.minimum(used - 3, np.maximum(1, np.rint(0.3 * used))))
+    assert 0.42 < as_mask < 0.58 and as_mask + kept == pytest.approx(1.0)   # 50% [MASK], 50% kept, no random
+    # The validation set keeps the original's 15% and 80/10/10, whatever the training masks.
+    valid = open_validation_dataset(str(data_root / "wiki" / "shard_000"), load_vocab(str(data_root / "vocab.txt")),
+                                    args)
+    counts, used, as_mask, kept = _masking_shares([valid.build_batch(list(range(len(valid))))])
+    np.testing.assert_array_equal(counts, np.minimum(used - 3, np.maximum(1, np.rint(0.15 * used))))
+    assert as_mask + kept < 1.0
 
 
 def test_provider_dataloader_workers_do_not_change_batches(data_root):

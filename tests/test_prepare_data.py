@@ -168,6 +168,15 @@ def test_nvidia_cap_binds_at_long_sequences(data, tmp_path):
                                   np.minimum(3, np.maximum(1, np.rint(n_tokens * 0.15))))
 
 
+def test_masked_lm_prob_masks_training_only_validation_keeps_15_percent(data, tmp_path):
+    out = run(data, tmp_path / "o", "--masked_lm_prob", 0.3, "--validation_fraction", 0.2)
+    for name, prob in (("train/o_training_shard0.hdf5", 0.3), ("validation/o_test_shard0.hdf5", 0.15)):
+        a = hdf5_arrays(out / name)
+        n_tokens = a["input_mask"].sum(axis=1).astype(np.int64)
+        np.testing.assert_array_equal(np.count_nonzero(a["masked_lm_positions"], axis=1),
+                                      np.minimum(20, np.maximum(1, np.rint(n_tokens * prob))), err_msg=name)
+
+
 def test_same_seed_gives_same_instances_in_both_formats(nvidia_out, bing_out, data):
     """Unmasking an NVIDIA row gives exactly [CLS] A [SEP] B [SEP] of the Bing instance."""
     vocab = load_vocab(data.vocab)

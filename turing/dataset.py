@@ -45,6 +45,7 @@ SEPARATOR = 0x1F
 SHARD_FILES = ("data.npy", "instance_offsets.npy", "tokens_split.npy", "is_next.npy")
 OFFSET_FILES = ("instance_token_offsets.npy", "token_offsets.npy")
 MASKED_SHARE = 0.15
+MASK_SPLIT = (0.8, 0.1, 0.1)  # of the predicted tokens: [MASK], a random token, kept
 # Byte budget of one token-mapping pass: bounds the temporary arrays (about 40 bytes per token).
 _MAP_CHUNK_BYTES = 8 << 20
 # _BYTE_MASKS[n] keeps the low n bytes of a little-endian uint64 word.
@@ -410,10 +411,13 @@ class BingPretrainDataset(Dataset):
     `build_batch(indices)` makes a Batch for a list of sample indices in one numpy pass;
     `__getitem__`/`__getitems__` serve a DataLoader (per-sample Batch of 1-D tensors, to be
     stacked by turing.batch.collate_batch). Masking depends on (seed, epoch, salt, index) only;
-    call set_epoch() to get fresh masks each epoch.
+    call set_epoch() to get fresh masks each epoch. `masked_lm_prob` of the tokens (at most
+    max_predictions_per_seq a row) are predicted; `mask_split` = (mask, random, keep) shares
+    of those become [MASK], a random token or stay (the original: 15%, 80/10/10).
     """
 
-    def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0):
+    def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0,
+                 masked_lm_prob=MASKED_SHARE, mask_split=MASK_SPLIT):
         if max_seq_length < 3:
             raise ValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
         self.shard = shard
@@ -424,6 +428,8 @@ class BingPretrainDataset(Dataset):
         self.max_predictions_per_seq = max_predictions_per_seq
         self.seed = seed
         self.salt = salt
+        self.masked_lm_prob = masked_lm_prob
+        self.mask_split = tuple(mask_split)
         self.set_epoch(epoch)
 
     def set_epoch(self, epoch):
@@ -480,7 +486,7 @@ class BingPretrainDataset(Dataset):
         """Dynamic masking of SPEC 6b on a whole batch; returns (masked ids, labels with -1 = none)."""
         length = input_ids.shape[1]
         n_words = words.sum(axis=1)
-        n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * MASKED_SHARE)))
+        n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * self.masked_lm_prob)))
         n_pred = np.minimum(n_pred, n_words).astype(np.int64)  # (B,)
 
         # A uniformly random subset of n_pred candidates per row: the n_pred smallest random keys.
@@ -494,8 +500,9 @@ class BingPretrainDataset(Dataset):
 
         labels = np.where(chosen, input_ids, -1)
         roll = _uniform(sample_random_bits(self._key, idx, length, 1))
-        to_mask = chosen & (roll < 0.8)
-        to_random = chosen & (roll >= 0.9)  # 0.8 <= roll < 0.9 keeps the token
+        mask_share, random_share, _ = self.mask_split  # (mask, random, keep)
+        to_mask = chosen & (roll < mask_share)
+        to_random = chosen & (roll >= 1.0 - random_share)  # roll in between keeps the token
         random_ids = (_uniform(sample_random_bits(self._key, idx, length, 2)) * self.vocab_size).astype(np.int64)
         masked = np.where(to_mask, self.mask_id, np.where(to_random, random_ids, input_ids))
         return masked, labels
@@ -511,7 +518,8 @@ def open_validation_dataset(path, vocab, args):
 
     `path` is a shard folder or a folder of shard folders (all used, in sorted order). Uses
     args.seed, args.max_seq_length and args.max_predictions_per_seq; the masking is fixed by
-    the seed and the sample index, so the validation loss is comparable across epochs.
+    the seed and the sample index, and always the original's 15% with 80/10/10 whatever the
+    training masks, so the validation loss and accuracy compare across epochs and recipes.
     Items are per-sample Batches; batch them with turing.batch.collate_batch.
     """
     if not os.path.isdir(path):
