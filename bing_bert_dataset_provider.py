@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface
 from data_worker import AsyncWorker, DataExhaustedError
-from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex, epoch_sample_order,
-                            tokenize_shard)
+from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingShard, VocabIndex,
+                            epoch_sample_order, tokenize_shard)
 from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.tokenization import load_vocab
@@ -107,6 +107,9 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         if not isinstance(self.use_async_worker, bool):
             raise InputValueError(f"job config mixed_seq_training.{self.max_seq_length}.async_worker: expected "
                                   f"true or false, got {self.use_async_worker!r}")
+        # Dynamic masking of the training batches (validation keeps the original's 15%, 80/10/10).
+        self.masked_lm_prob = training.get("masked_lm_prob", MASKED_SHARE)
+        self.mask_split = training.get("mask_split", MASK_SPLIT)
         self.rank, self.world = get_rank_and_world()
 
         datasets = args.config["data"]["datasets"]
@@ -189,7 +192,8 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             order = epoch_sample_order(len(shard), self.seed, index, self.rank, self.world, salt=int(dataset_type))
             rows = order[:num_micro * self.micro].reshape(num_micro, self.micro)
             dataset = BingPretrainDataset(shard, self.vocab, self.max_seq_length, self.max_predictions_per_seq,
-                                          self.seed, salt=int(dataset_type), epoch=index)
+                                          self.seed, salt=int(dataset_type), epoch=index,
+                                          masked_lm_prob=self.masked_lm_prob, mask_split=self.mask_split)
             loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
                                 sampler=range(skipped.count(int(dataset_type)), num_micro),
                                 num_workers=self.num_workers,

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from turing.errors import InputError
+from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.jsonfile import read_json
 from turing.lamb import find_lamb_coeffs
 from turing.modeling import BertConfig, BertConfigError
@@ -41,6 +42,8 @@ NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
                   # DeepSpeed transformer-kernel names
                   "attn_nw", "attn_nb", "norm_w", "norm_b", "attn_qkvb", "attn_ob", "inter_b", "output_b")
 ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
+COOLDOWN_PROPORTION = 0.2        # WSD / budget: final share of the run spent decaying
+COOLDOWN_SHAPES = ("linear", "1-sqrt")
 
 
 @dataclasses.dataclass
@@ -145,6 +148,7 @@ def construct_arguments(argv=None):
         for key in ("decay_rate", "decay_step"):
             _require(config, ["training", key], f"{args.config_file} (mixed_seq_training.{seq})")
     _require(config, ["bert_model_config"], args.config_file)
+    check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})")
     args.config = config
     args.job_name = args.job_name or config.get("name") or "bing_bert"
     args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
@@ -216,6 +220,34 @@ def check_config_values(args):
         _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
     for epoch in args.ckpt_to_save or ():
         _check_value(epoch, "--ckpt_to_save", 1, integer=True)
+
+
+def check_recipe(args, training, where):
+    """The recipe switches of a training entry (each optional, default = the original's recipe)
+    and the flags that depend on them; sets args.next_sentence_prediction."""
+    prob = training.get("masked_lm_prob", MASKED_SHARE)
+    if not isinstance(prob, (int, float)) or not 0 < prob <= 1:
+        raise InputError(f"{where}: masked_lm_prob must be a number in (0, 1], got {prob!r}")
+    split = training.get("mask_split", list(MASK_SPLIT))
+    if (not isinstance(split, list) or len(split) != 3 or not all(isinstance(v, (int, float)) and v >= 0 for v in split)
+            or abs(sum(split) - 1.0) > 1e-6):
+        raise InputError(f"{where}: mask_split must be [mask, random, keep] shares summing to 1 "
+                         f"(the original's [0.8, 0.1, 0.1]), got {split!r}")
+    nsp = training.get("next_sentence_prediction", True)
+    if not isinstance(nsp, bool):
+        raise InputError(f"{where}: next_sentence_prediction must be true or false, got {nsp!r}")
+    args.next_sentence_prediction = nsp
+    if args.lr_schedule in ("WSD", "budget"):
+        cooldown = training.get("cooldown_proportion", COOLDOWN_PROPORTION)
+        if not isinstance(cooldown, (int, float)) or not 0 <= cooldown <= 1:
+            raise InputError(f"{where}: cooldown_proportion must be a number in [0, 1], got {cooldown!r}")
+        if training.get("cooldown_shape", "linear") not in COOLDOWN_SHAPES:
+            raise InputError(f"{where}: cooldown_shape must be one of {', '.join(COOLDOWN_SHAPES)}, "
+                             f"got {training['cooldown_shape']!r}")
+    if args.lr_schedule == "budget" and not args.max_train_hours:
+        raise InputError("--lr_schedule budget follows the share of --max_train_hours spent; give --max_train_hours")
+    if args.validation_every_steps and not args.validation_data_path_prefix:
+        raise InputError("--validation_every_steps needs a validation set (--validation_data_path_prefix)")
 
 
 def resolve_batch_sizes(ds_config, world, path):
@@ -695,11 +727,22 @@ def load_checkpoint(args, model):
 # Learning rate
 
 
-def lr_factor(schedule, step, training):
-    """Multiplier of the base learning rate at `step` (counted from the warmup start), SPEC 8."""
+def lr_factor(schedule, step, training, budget_fraction=None):
+    """Multiplier of the base learning rate at `step` (counted from the warmup start).
+
+    LE/EE/EP are the original's schedules. WSD (warmup-stable-decay): linear warmup over
+    warmup_proportion, 1.0, then a cool-down to 0 over the final cooldown_proportion of
+    total_training_steps, `linear` (1 - t) or `1-sqrt` (1 - sqrt t) by cooldown_shape.
+    budget: the same shape over `budget_fraction`, the share of --max_train_hours spent, so a
+    run stopped by its time budget ends annealed whatever its speed.
+    """
     total = training["total_training_steps"]
     warmup = training["warmup_proportion"]
     x = step / total
+    if schedule in ("WSD", "budget"):
+        return warmup_stable_decay(budget_fraction if schedule == "budget" else x, warmup,
+                                   training.get("cooldown_proportion", COOLDOWN_PROPORTION),
+                                   training.get("cooldown_shape", "linear"))
     if schedule in ("LE", "EE"):
         if warmup == 0:
             return 1.0
@@ -713,10 +756,34 @@ def lr_factor(schedule, step, training):
     raise ValueError(f"unknown --lr_schedule {schedule}")
 
 
-def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0):
+def warmup_stable_decay(x, warmup, cooldown, shape):
+    """Factor at progress x (0 = start, 1 = end): x/warmup, then 1.0, then the cool-down over
+    the final `cooldown` share (starting no earlier than the warmup's end), 0 from x = 1 on."""
+    if x < warmup:
+        return x / warmup
+    start = max(warmup, 1.0 - cooldown)
+    if x < start:
+        return 1.0
+    t = min(1.0, (x - start) / (1.0 - start)) if start < 1.0 else 1.0
+    return 1.0 - t if shape == "linear" else 1.0 - math.sqrt(t)
+
+
+def budget_fraction(args, state, ctx, device):
+    """The share of --max_train_hours spent (summed over sessions) for the budget schedule, the
+    largest over ranks so every rank sets the same LR; None for the other schedules."""
+    if args.lr_schedule != "budget":
+        return None
+    spent = torch.tensor([state.train_seconds + time.time() - ctx.session_start], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+    return spent.item() / (args.max_train_hours * 3600)
+
+
+def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
     """Set the LR of every param group for this optimizer step (all precisions); returns it."""
     step = current_global_step - rewarmup_offset
-    lr = config["training"]["learning_rate"] * lr_factor(args.lr_schedule, step, config["training"])
+    lr = config["training"]["learning_rate"] * lr_factor(args.lr_schedule, step, config["training"],
+                                                         budget_fraction)
     lr += args.lr_offset
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -742,9 +809,11 @@ class Reporter:
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.fp16_skipped = 0      # the engine's count of overflow-skipped steps, last seen
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
+        self.train_seconds = None  # training time at the end of the last optimizer step
 
     def step(self, state, lr, loss, data_wait, engine, ctx):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
+        self.train_seconds = state.train_seconds + time.time() - ctx.session_start
         if self.writer is not None:
             report_lamb_coefficients(self.args, engine, self.writer, state.global_step)
             if self.args.progressive_layer_drop:
@@ -788,6 +857,20 @@ class Reporter:
             self.scalar("Train/tokens_per_sec", rate * self.args.max_seq_length, step)
             self.scalar("Train/data_wait_fraction", waited / elapsed, step)
         self.window = (now, 0, 0.0)
+
+    def validation(self, state, loss, mlm_acc, nsp_acc):
+        """A validation point by global step, with the training time it took to get there
+        (`Validation/step/*` and `Validation/train_minutes`, x = global step), so accuracy
+        can be plotted against steps or minutes whatever the epoch length."""
+        minutes = (state.train_seconds if self.train_seconds is None else self.train_seconds) / 60
+        if self.is_master:
+            logger.info("Validation at step %d after %.2f min of training: loss=%.6f, mlm_accuracy=%.4f",
+                        state.global_step, minutes, loss, mlm_acc)
+        self.scalar("Validation/train_minutes", minutes, state.global_step)
+        self.scalar("Validation/step/Loss", loss, state.global_step)
+        self.scalar("Validation/step/MLM_accuracy", mlm_acc, state.global_step)
+        if nsp_acc is not None:
+            self.scalar("Validation/step/NSP_accuracy", nsp_acc, state.global_step)
 
     def scalar(self, tag, value, step):
         if self.writer is not None:
@@ -881,9 +964,10 @@ def open_validation_set(args):
 # Validation
 
 
-def pretrain_validation(args, index, model, reporter=None, state=None):
+def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end=True):
     """Loss and MLM accuracy over the validation set, averaged over all ranks; None without
-    --validation_data_path_prefix. Written to the session's reporter unless one is given."""
+    --validation_data_path_prefix. Written to the session's reporter unless one is given: by
+    epoch (at an epoch's end) and, given the run state, by global step with the training minutes."""
     if args.validation_data_path_prefix is None:
         return None
     if reporter is None:
@@ -904,7 +988,9 @@ def pretrain_validation(args, index, model, reporter=None, state=None):
             masked = labels != -1
             mlm_loss = (F.cross_entropy(scores[masked].float(), labels[masked], reduction="sum")
                         / masked.sum().clamp(min=1))
-            loss = mlm_loss + F.cross_entropy(nsp_scores.float(), batch.next_sentence_labels, ignore_index=-1)
+            loss = mlm_loss
+            if args.next_sentence_prediction:
+                loss = loss + F.cross_entropy(nsp_scores.float(), batch.next_sentence_labels, ignore_index=-1)
             correct = (scores.argmax(-1) == labels) & masked
             nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),
@@ -918,12 +1004,18 @@ def pretrain_validation(args, index, model, reporter=None, state=None):
                          f"the validation set has no sequences (validation.path under --validation_data_path_prefix)")
     model.train()
     loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
-    logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%.4f", index + 1, loss,
-                mlm_acc, nsp_acc)
+    if not args.next_sentence_prediction:
+        nsp_acc = None  # the NSP head is not trained: its accuracy means nothing
+    logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%s", index + 1, loss,
+                mlm_acc, "off" if nsp_acc is None else f"{nsp_acc:.4f}")
     if reporter is not None:
-        reporter.scalar("Validation/Loss", loss, index + 1)
-        reporter.scalar("Validation/MLM_accuracy", mlm_acc, index + 1)
-        reporter.scalar("Validation/NSP_accuracy", nsp_acc, index + 1)
+        if epoch_end:
+            reporter.scalar("Validation/Loss", loss, index + 1)
+            reporter.scalar("Validation/MLM_accuracy", mlm_acc, index + 1)
+            if nsp_acc is not None:
+                reporter.scalar("Validation/NSP_accuracy", nsp_acc, index + 1)
+        if state is not None:
+            reporter.validation(state, loss, mlm_acc, nsp_acc)
     return loss, mlm_acc
 
 
@@ -1055,7 +1147,8 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
             handle_nonfinite(args, model, optimizer, state, reporter, ctx)
         else:
             state.nonfinite_in_a_row = 0
-            lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset)
+            lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset,
+                                      budget_fraction(args, state, ctx, engine.device))
             engine.step()
             state.global_step += 1
             reporter.step(state, lr, step_loss, data_wait, engine, ctx)
@@ -1073,12 +1166,24 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
         if stop:
             break
+        if args.validation_every_steps and state.global_step % args.validation_every_steps == 0 \
+                and not nonfinite and state.epoch_micro_step < start + total:
+            validate_in_epoch(args, index, model, reporter, state, ctx)
     bar.close()
     reporter.flush()
     pretrain_dataset_provider.release_shard(index)
     if stop is None or state.epoch_micro_step >= start + total:
         state.epoch, state.epoch_micro_step = index + 1, 0
     return stop
+
+
+def validate_in_epoch(args, index, model, reporter, state, ctx):
+    """--validation_every_steps: validate now (the end of an epoch or run validates in run());
+    the time it takes is not training time (the clock of --max_train_hours and of the budget
+    schedule is moved on by it)."""
+    started = time.time()
+    pretrain_validation(args, index, model, reporter, state, epoch_end=False)
+    ctx.session_start += time.time() - started
 
 
 def handle_nonfinite(args, model, optimizer, state, reporter, ctx):

@@ -50,14 +50,19 @@ def get_argument_parser():
         help="end an epoch after this many optimizer steps")
     add("--print_steps", type=int, default=100, help="progress line every this many optimizer steps")
     add("--finetune", action="store_true", default=False, help="skip pretraining validation")
+    add("--validation_every_steps", type=int, default=0,
+        help="also validate every N optimizer steps inside an epoch (logged by step and training minutes); "
+             "0 = only after each epoch")
     add("--log_level", default="info", choices=["debug", "info", "warning", "error"],
         help="logging level of rank 0 (other ranks log warnings and errors)")
     add("--debug", action="store_true", default=False,
         help="show Python tracebacks for input errors instead of one error line")
 
     # Learning rate
-    add("--lr_schedule", default="LE", choices=["LE", "EE", "EP"],
-        help="LE: linear warmup + exp decay, EE: exp warmup + exp decay, EP: exp warmup + poly decay")
+    add("--lr_schedule", default="LE", choices=["LE", "EE", "EP", "WSD", "budget"],
+        help="LE: linear warmup + exp decay, EE: exp warmup + exp decay, EP: exp warmup + poly decay, "
+             "WSD: warmup-stable-decay over total_training_steps, budget: the WSD shape over the share "
+             "of --max_train_hours spent")
     add("--lr_offset", type=float, default=0.0, help="added to every computed learning rate")
     add("--rewarmup", action="store_true", default=False,
         help="restart the learning-rate warmup from the restored step (phase 2)")

@@ -53,7 +53,7 @@ from bing_bert_dataset_provider import BingBertDatasetProvider  # noqa: E402
 from data_worker import AsyncWorker  # noqa: E402
 from nvidia_bert_dataset_provider import HDF5_KEYS, NvidiaBertDatasetProvider  # noqa: E402
 from tools.prepare_data import Settings, nvidia_arrays  # noqa: E402
-from turing.dataset import BingShard, VocabIndex, tokenize_shard  # noqa: E402
+from turing.dataset import BingShard, VocabIndex, tokenize_shard, truncate_pair  # noqa: E402
 from turing.tokenization import load_vocab, special_token_ids  # noqa: E402
 
 logger = logging.getLogger("bench_data")
@@ -159,7 +159,8 @@ def write_nvidia_shard_like(path, bing_folder, vocab, max_seq_length, max_pred, 
                         sep_id=special["sep"], mask_id=special["mask"], unk_id=special["unk"])
     start = shard.first_token[:-1]
     len_a = shard.tokens_split
-    spans = (start, len_a, start + len_a, np.diff(shard.first_token) - len_a, shard.is_next)
+    a_len, b_len = truncate_pair(len_a, np.diff(shard.first_token) - len_a, max_seq_length - 3)
+    spans = (start, a_len, start + len_a, b_len, shard.is_next)
     arrays = nvidia_arrays(shard.ids, spans, settings, np.random.default_rng(seed))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with h5py.File(path, "w") as f:

@@ -12,7 +12,8 @@ from bing_bert_dataset_provider import BingBertDatasetProvider, PretrainDataType
 from data_worker import DataExhaustedError
 from turing.batch import BatchType, collate_batch
 from turing.dataset import (BingPretrainDataset, BingShard, ShardFormatError, VocabIndex, epoch_sample_order,
-                            main as dataset_main, open_validation_dataset, tokenize_shard)
+                            main as dataset_main, open_validation_dataset, tokenize_shard, truncate_pair)
+from turing.tokenization import load_vocab
 
 # Special tokens deliberately not at bert-base's ids, so hard-coded ids would show.
 VOCAB = ["[unused0]", "w0", "[PAD]", "[SEP]", "[UNK]", "[MASK]", "[CLS]"] + [f"w{i}" for i in range(1, 60)] \
@@ -111,18 +112,17 @@ def test_batch_rows_are_cls_a_sep_b_sep_with_labels_put_back(tmp_path, vocab):
         assert (labels[row, n:] == -1).all()
 
 
-def test_instance_longer_than_the_sequence_is_refused(tmp_path, vocab):
-    """A shard made for longer sequences (an instance of more than max_seq_length - 3 tokens)
-    is refused by name instead of being cut down to the sequence length."""
-    instances = [(["w1", "w2"], ["w3"], 0), ([f"w{i}" for i in range(1, 21)], ["w30", "w31", "w32"], 0)]
-    folder = write_shard(tmp_path / "s", instances)
-    with pytest.raises(ShardFormatError, match="s: instance 1 has 23 tokens, more than the 9 that fit "
-                                               "--max_seq_length 12"):
-        dataset_for(folder, vocab, seq=12)
-    batch = dataset_for(folder, vocab, seq=26).build_batch([1])  # 23 + [CLS] + 2 [SEP] fit exactly
+def test_long_pairs_are_truncated_longer_segment_first(tmp_path, vocab):
+    # BERT's truncate_seq_pair drops from the longer segment, from B on ties.
+    a, b = truncate_pair(np.array([20, 3, 5, 5, 2]), np.array([3, 20, 5, 4, 2]), 9)
+    assert a.tolist() == [6, 3, 5, 5, 2] and b.tolist() == [3, 6, 4, 4, 2]
+    instances = [([f"w{i}" for i in range(1, 21)], ["w30", "w31", "w32"], 0)]
+    ds = dataset_for(write_shard(tmp_path / "s", instances), vocab, seq=12)
+    batch = ds.build_batch([0])
     restored = torch.where(batch.masked_lm_labels >= 0, batch.masked_lm_labels, batch.input_ids)[0]
-    expected = ["[CLS]"] + [f"w{i}" for i in range(1, 21)] + ["[SEP]", "w30", "w31", "w32", "[SEP]"]
+    expected = ["[CLS]"] + [f"w{i}" for i in range(1, 7)] + ["[SEP]", "w30", "w31", "w32", "[SEP]"]
     assert restored.tolist() == [vocab[t] for t in expected]
+    assert batch.input_mask[0].tolist() == [1] * 12
 
 
 def test_masking_statistics(tmp_path, vocab):
@@ -158,8 +158,8 @@ def test_masking_statistics(tmp_path, vocab):
 
 def test_masking_is_a_function_of_seed_epoch_and_index(tmp_path, vocab):
     folder = write_shard(tmp_path / "s", make_instances(50, max_len=20))
-    a = dataset_for(folder, vocab, seq=48, seed=7, epoch=2)
-    b = dataset_for(folder, vocab, seq=48, seed=7, epoch=2)
+    a = dataset_for(folder, vocab, seed=7, epoch=2)
+    b = dataset_for(folder, vocab, seed=7, epoch=2)
     full = a.build_batch(list(range(50)))
     # Same sample, any batch composition or reading history, another dataset object: same masks.
     for _ in range(3):
@@ -172,7 +172,7 @@ def test_masking_is_a_function_of_seed_epoch_and_index(tmp_path, vocab):
     a.set_epoch(3)
     other_epoch = a.build_batch(list(range(50)))
     assert not torch.equal(other_epoch.masked_lm_labels, full.masked_lm_labels)
-    other_seed = dataset_for(folder, vocab, seq=48, seed=8, epoch=2).build_batch(list(range(50)))
+    other_seed = dataset_for(folder, vocab, seed=8, epoch=2).build_batch(list(range(50)))
     assert not torch.equal(other_seed.masked_lm_labels, full.masked_lm_labels)
 
 
@@ -262,6 +262,35 @@ def test_provider_worker_on_off_and_resume_give_the_same_batches(data_root):
     assert refs_resumed == refs[k:]
     for x, y in zip(resumed, batches[k:]):
         assert all(torch.equal(a, b) for a, b in zip(x, y))
+
+
+def _masking_shares(batches):
+    ids = torch.cat([b.input_ids for b in batches]).numpy()
+    labels = torch.cat([b.masked_lm_labels for b in batches]).numpy()
+    used = torch.cat([b.input_mask for b in batches]).sum(1).numpy()
+    chosen = labels >= 0
+    as_mask = (ids[chosen] == VOCAB.index("[MASK]")).mean()
+    kept = (ids[chosen] == labels[chosen]).mean()
+    return chosen.sum(1), used, as_mask, kept
+
+
+def test_masking_rate_and_split_come_from_the_training_config(data_root):
+    args = make_args(data_root, data_root / "vocab.txt", async_worker=False)
+    args.max_predictions_per_seq = 30
+    args.config["training"].update(masked_lm_prob=0.3, mask_split=[0.5, 0.0, 0.5])
+    provider = BingBertDatasetProvider(args)
+    _, batches = read_epoch(provider, 0)
+    provider.close()
+    counts, used, as_mask, kept = _masking_shares(batches)
+    assert counts.sum() > 300
+    np.testing.assert_array_equal(counts, np.minimum(used - 3, np.maximum(1, np.rint(0.3 * used))))
+    assert 0.42 < as_mask < 0.58 and as_mask + kept == pytest.approx(1.0)   # 50% [MASK], 50% kept, no random
+    # The validation set keeps the original's 15% and 80/10/10, whatever the training masks.
+    valid = open_validation_dataset(str(data_root / "wiki" / "shard_000"), load_vocab(str(data_root / "vocab.txt")),
+                                    args)
+    counts, used, as_mask, kept = _masking_shares([valid.build_batch(list(range(len(valid))))])
+    np.testing.assert_array_equal(counts, np.minimum(used - 3, np.maximum(1, np.rint(0.15 * used))))
+    assert as_mask + kept < 1.0
 
 
 def test_provider_dataloader_workers_do_not_change_batches(data_root):

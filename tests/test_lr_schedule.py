@@ -56,3 +56,38 @@ def test_rewarmup_restarts_warmup_from_the_restored_step():
     rewarmed = update_learning_rate(args, {"training": TRAINING}, 1050, opt, rewarmup_offset=1000)
     assert rewarmed == pytest.approx(0.5e-3)
     assert math.isclose(opt.param_groups[0]["lr"], rewarmed)
+
+
+WSD = dict(TRAINING, warmup_proportion=0.1, cooldown_proportion=0.2)
+
+
+@pytest.mark.parametrize("step, shape, expected", [
+    (50, "linear", 0.5),                   # linear warmup
+    (100, "linear", 1.0),                  # stable from the warmup's end ...
+    (800, "linear", 1.0),                  # ... to the cool-down's start (last 20%)
+    (900, "linear", 0.5),                  # halfway through the cool-down
+    (900, "1-sqrt", 1 - math.sqrt(0.5)),
+    (1000, "linear", 0.0),
+    (1200, "1-sqrt", 0.0),                 # past the end: 0, not negative
+])
+def test_warmup_stable_decay(step, shape, expected):
+    assert lr_factor("WSD", step, dict(WSD, cooldown_shape=shape)) == pytest.approx(expected, abs=1e-12)
+
+
+def test_budget_schedule_follows_the_share_of_the_time_budget_not_the_step():
+    training = dict(TRAINING, warmup_proportion=0.0, cooldown_proportion=1.0)   # linear from 1 to 0
+    for step in (0, 10, 5000):
+        assert lr_factor("budget", step, training, budget_fraction=0.25) == pytest.approx(0.75)
+    assert lr_factor("budget", 3, training, budget_fraction=1.0) == 0.0
+    # warmup and cool-down are shares of the budget too
+    assert lr_factor("budget", 3, WSD, budget_fraction=0.05) == pytest.approx(0.5)
+    assert lr_factor("budget", 3, WSD, budget_fraction=0.5) == 1.0
+    assert lr_factor("budget", 3, WSD, budget_fraction=0.95) == pytest.approx(0.25)
+    # the original's default cool-down share is 20%, linear
+    assert lr_factor("budget", 3, TRAINING, budget_fraction=0.9) == pytest.approx(0.5)
+
+
+def test_cooldown_over_the_whole_run_starts_at_the_warmup_end():
+    training = dict(WSD, cooldown_proportion=1.0)
+    assert lr_factor("WSD", 100, training) == pytest.approx(1.0)
+    assert lr_factor("WSD", 550, training) == pytest.approx(0.5)

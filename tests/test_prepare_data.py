@@ -168,6 +168,15 @@ def test_nvidia_cap_binds_at_long_sequences(data, tmp_path):
                                   np.minimum(3, np.maximum(1, np.rint(n_tokens * 0.15))))
 
 
+def test_masked_lm_prob_masks_training_only_validation_keeps_15_percent(data, tmp_path):
+    out = run(data, tmp_path / "o", "--masked_lm_prob", 0.3, "--validation_fraction", 0.2)
+    for name, prob in (("train/o_training_shard0.hdf5", 0.3), ("validation/o_test_shard0.hdf5", 0.15)):
+        a = hdf5_arrays(out / name)
+        n_tokens = a["input_mask"].sum(axis=1).astype(np.int64)
+        np.testing.assert_array_equal(np.count_nonzero(a["masked_lm_positions"], axis=1),
+                                      np.minimum(20, np.maximum(1, np.rint(n_tokens * prob))), err_msg=name)
+
+
 def test_same_seed_gives_same_instances_in_both_formats(nvidia_out, bing_out, data):
     """Unmasking an NVIDIA row gives exactly [CLS] A [SEP] B [SEP] of the Bing instance."""
     vocab = load_vocab(data.vocab)
@@ -312,6 +321,11 @@ def test_word_cache_tokenizer_equals_plain_encoding(data):
 
 
 def test_truncation_matches_bert_truncate_seq_pair():
+    """Both forms: the tool's per-instance counts and the providers' vectorised lengths
+    (turing.dataset.truncate_pair; kept apart because the tool calls it once per instance in
+    a pure-Python loop, where numpy per call would cost more than the loop)."""
+    from turing.dataset import truncate_pair
+
     for len_a in range(1, 12):
         for len_b in range(1, 12):
             a, b = len_a, len_b
@@ -321,6 +335,7 @@ def test_truncation_matches_bert_truncate_seq_pair():
                 else:
                     b -= 1
             assert prepare_data.truncation(len_a, len_b, 8) == (len_a - a, len_b - b)
+            assert tuple(int(n) for n in truncate_pair(np.array(len_a), np.array(len_b), 8)) == (a, b)
 
 
 def test_instances_follow_bert_segment_rules():

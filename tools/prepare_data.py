@@ -56,7 +56,7 @@ import time
 import unicodedata
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import h5py
 import numpy as np
@@ -104,6 +104,7 @@ class Settings:
     max_seq_length: int
     max_predictions_per_seq: int
     masked_lm_prob: float
+    validation_masked_lm_prob: float
     short_seq_prob: float
     dupe_factor: int
     seed: int
@@ -639,7 +640,10 @@ class ChunkProcessor:
         spans = tuple(x[perm] for x in spans)
         stats.sequences = n
         if s.fmt == "nvidia":
-            arrays = nvidia_arrays(token_ids, spans, s, np_rng)
+            # The validation set keeps its own (the original's 15%) rate, so runs whose training
+            # data is masked differently still validate on the same task.
+            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
+            arrays = nvidia_arrays(token_ids, spans, masking, np_rng)
         else:
             arrays = bing_arrays(token_ids, spans, s, self.vocab_bytes)
         return stats, arrays, np.bincount(residue, minlength=num_shards).tolist()
@@ -914,8 +918,9 @@ def validate_args(args):
     if not 1 <= P <= L - 3:
         raise PrepareDataError(f"--max_predictions_per_seq {P}: must be between 1 and max_seq_length - 3 "
                                f"= {L - 3}, the number of maskable tokens in a sequence of {L}")
-    if not 0 < args.masked_lm_prob <= 1:
-        raise PrepareDataError(f"--masked_lm_prob {args.masked_lm_prob}: must be in (0, 1]")
+    for flag in ("masked_lm_prob", "validation_masked_lm_prob"):
+        if not 0 < getattr(args, flag) <= 1:
+            raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be in (0, 1]")
     if not 0 <= args.short_seq_prob <= 1:
         raise PrepareDataError(f"--short_seq_prob {args.short_seq_prob}: must be in [0, 1]")
     if not 0 <= args.validation_fraction < 1:
@@ -985,6 +990,7 @@ def prepare(args):
         settings = Settings(
             fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
             max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+            validation_masked_lm_prob=args.validation_masked_lm_prob,
             short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
             vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
             mask_id=special["mask"], unk_id=special["unk"])
@@ -1156,7 +1162,10 @@ def build_parser():
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--max_predictions_per_seq", type=int, default=20,
                    help="cap on masked positions per sequence (nvidia)")
-    p.add_argument("--masked_lm_prob", type=float, default=0.15, help="share of tokens masked (nvidia)")
+    p.add_argument("--masked_lm_prob", type=float, default=0.15,
+                   help="share of tokens masked in the training set (nvidia)")
+    p.add_argument("--validation_masked_lm_prob", type=float, default=0.15,
+                   help="share of tokens masked in the validation set (nvidia); fixed so runs compare")
     p.add_argument("--short_seq_prob", type=float, default=0.1,
                    help="probability of a shorter target length for a document")
     p.add_argument("--dupe_factor", type=int, default=5,

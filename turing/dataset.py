@@ -46,6 +46,7 @@ SEPARATOR = 0x1F
 SHARD_FILES = ("data.npy", "instance_offsets.npy", "tokens_split.npy", "is_next.npy")
 OFFSET_FILES = ("instance_token_offsets.npy", "token_offsets.npy")
 MASKED_SHARE = 0.15
+MASK_SPLIT = (0.8, 0.1, 0.1)  # of the predicted tokens: [MASK], a random token, kept
 # Byte budget of one token-mapping pass: bounds the temporary arrays (about 40 bytes per token).
 _MAP_CHUNK_BYTES = 8 << 20
 # _BYTE_MASKS[n] keeps the low n bytes of a little-endian uint64 word.
@@ -392,26 +393,34 @@ def epoch_sample_order(num_samples, seed, epoch, rank=0, world=1, salt=0):
     return perm[rank:per_rank * world:world]
 
 
+def truncate_pair(len_a, len_b, max_tokens):
+    """Lengths after trimming the longer segment (B on ties) one token at a time to fit max_tokens.
+
+    Vectorised closed form of BERT's truncate_seq_pair; tokens are removed from the end.
+    """
+    over = len_a + len_b > max_tokens
+    half_up = (max_tokens + 1) // 2
+    new_a = np.minimum(len_a, np.maximum(max_tokens - len_b, half_up))
+    new_a = np.where(over, new_a, len_a)
+    new_b = np.where(over, max_tokens - new_a, len_b)
+    return new_a, new_b
+
+
 class BingPretrainDataset(Dataset):
     """Masked `[CLS] A [SEP] B [SEP]` samples of a TokenizedShard, built a micro batch at a time.
 
     `build_batch(indices)` makes a Batch for a list of sample indices in one numpy pass;
     `__getitem__`/`__getitems__` serve a DataLoader (per-sample Batch of 1-D tensors, to be
     stacked by turing.batch.collate_batch). Masking depends on (seed, epoch, salt, index) only;
-    call set_epoch() to get fresh masks each epoch.
+    call set_epoch() to get fresh masks each epoch. `masked_lm_prob` of the tokens (at most
+    max_predictions_per_seq a row) are predicted; `mask_split` = (mask, random, keep) shares
+    of those become [MASK], a random token or stay (the original: 15%, 80/10/10).
     """
 
-    def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0):
+    def __init__(self, shard, vocab, max_seq_length, max_predictions_per_seq, seed, salt=0, epoch=0,
+                 masked_lm_prob=MASKED_SHARE, mask_split=MASK_SPLIT):
         if max_seq_length < 3:
             raise InputValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
-        tokens = np.diff(shard.first_token)  # (N,) tokens of A + B per instance
-        if len(tokens) and tokens.max() > max_seq_length - 3:
-            # Shards are cut for one sequence length (as NVIDIA's are): a longer instance means
-            # a shard made for longer sequences, whose tokens past the length would be lost.
-            i = int(np.argmax(tokens))
-            raise ShardFormatError(f"Bing shard {shard.name}: instance {i} has {int(tokens[i])} tokens, more than "
-                                   f"the {max_seq_length - 3} that fit --max_seq_length {max_seq_length}: a shard made "
-                                   f"for longer sequences; use shards made for {max_seq_length}")
         self.shard = shard
         special = special_token_ids(vocab)
         self.cls_id, self.sep_id, self.mask_id = special["cls"], special["sep"], special["mask"]
@@ -420,6 +429,8 @@ class BingPretrainDataset(Dataset):
         self.max_predictions_per_seq = max_predictions_per_seq
         self.seed = seed
         self.salt = salt
+        self.masked_lm_prob = masked_lm_prob
+        self.mask_split = tuple(mask_split)
         self.set_epoch(epoch)
 
     def set_epoch(self, epoch):
@@ -442,8 +453,9 @@ class BingPretrainDataset(Dataset):
         length = self.max_seq_length
         shard = self.shard
         start = shard.first_token[idx]
-        a = shard.tokens_split[idx]               # (B,) tokens of A, then of B (they fit: see __init__)
-        b = shard.first_token[idx + 1] - start - a
+        len_a = shard.tokens_split[idx]
+        len_b = shard.first_token[idx + 1] - start - len_a
+        a, b = truncate_pair(len_a, len_b, length - 3)
         used = a + b + 3  # (B,) real tokens incl. [CLS] and two [SEP]
 
         pos = np.arange(length)[None, :]  # (1, L)
@@ -451,7 +463,7 @@ class BingPretrainDataset(Dataset):
         in_a = (pos >= 1) & (pos <= a[:, None])
         in_b = (pos >= b_first) & (pos < b_first + b[:, None])
         words = in_a | in_b               # (B, L) candidates for masking: all but [CLS]/[SEP]/pad
-        src = np.where(in_a, start[:, None] + pos - 1, (start + a)[:, None] + pos - b_first)
+        src = np.where(in_a, start[:, None] + pos - 1, (start + len_a)[:, None] + pos - b_first)
         input_ids = np.where(words, shard.ids[np.where(words, src, 0)], 0).astype(np.int64)
         input_ids[:, 0] = self.cls_id
         rows = np.arange(len(idx))
@@ -475,7 +487,7 @@ class BingPretrainDataset(Dataset):
         """Dynamic masking of SPEC 6b on a whole batch; returns (masked ids, labels with -1 = none)."""
         length = input_ids.shape[1]
         n_words = words.sum(axis=1)
-        n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * MASKED_SHARE)))
+        n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * self.masked_lm_prob)))
         n_pred = np.minimum(n_pred, n_words).astype(np.int64)  # (B,)
 
         # A uniformly random subset of n_pred candidates per row: the n_pred smallest random keys.
@@ -489,8 +501,9 @@ class BingPretrainDataset(Dataset):
 
         labels = np.where(chosen, input_ids, -1)
         roll = _uniform(sample_random_bits(self._key, idx, length, 1))
-        to_mask = chosen & (roll < 0.8)
-        to_random = chosen & (roll >= 0.9)  # 0.8 <= roll < 0.9 keeps the token
+        mask_share, random_share, _ = self.mask_split  # (mask, random, keep)
+        to_mask = chosen & (roll < mask_share)
+        to_random = chosen & (roll >= 1.0 - random_share)  # roll in between keeps the token
         random_ids = (_uniform(sample_random_bits(self._key, idx, length, 2)) * self.vocab_size).astype(np.int64)
         masked = np.where(to_mask, self.mask_id, np.where(to_random, random_ids, input_ids))
         return masked, labels
@@ -506,7 +519,8 @@ def open_validation_dataset(path, vocab, args):
 
     `path` is a shard folder or a folder of shard folders (all used, in sorted order). Uses
     args.seed, args.max_seq_length and args.max_predictions_per_seq; the masking is fixed by
-    the seed and the sample index, so the validation loss is comparable across epochs.
+    the seed and the sample index, and always the original's 15% with 80/10/10 whatever the
+    training masks, so the validation loss and accuracy compare across epochs and recipes.
     Items are per-sample Batches; batch them with turing.batch.collate_batch.
     """
     if not os.path.isdir(path):

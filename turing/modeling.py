@@ -691,9 +691,10 @@ class BertForPreTrainingPreLN(nn.Module):
 
     `batch` is (batch_type, input_ids, input_mask, segment_ids, next_sentence_labels,
     masked_lm_labels), a `turing.batch.Batch` or any sequence in that order; labels -1 are
-    ignored. With labels, returns CE(MLM over the masked positions) + CE(NSP); a batch with
-    no masked position contributes 0 for the MLM term (instead of the NaN a mean over nothing
-    gives). With `masked_lm_labels` None, returns (prediction_scores (B, L, V), nsp_scores (B, 2)).
+    ignored. With labels, returns CE(MLM over the masked positions) + CE(NSP), or the MLM term
+    alone when `args.next_sentence_prediction` is False (the pooler and NSP head stay in the
+    model, untrained, so checkpoints keep their keys); a batch with no masked position
+    contributes 0 for the MLM term (instead of the NaN a mean over nothing gives). With `masked_lm_labels` None, returns (prediction_scores (B, L, V), nsp_scores (B, 2)).
     Keyword arguments: `progressive_layer_drop` and `pld_theta`, which DeepSpeed's engine adds
     when PLD is on (layers drop only in training); any other keyword is ignored.
     `args` fields read: checkpoint_activations; deepspeed_sparse_attention (with ds_config's
@@ -715,6 +716,7 @@ class BertForPreTrainingPreLN(nn.Module):
         self.bert = BertModel(config, checkpoint_activations, sparse_attention, kernel_layers)
         # --unpad: the encoder runs on real tokens only (training loss; predict() stays padded).
         self.unpad = bool(getattr(args, "unpad", False))
+        self.next_sentence_prediction = bool(getattr(args, "next_sentence_prediction", True))
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
         self._init_weights()
 
@@ -776,6 +778,8 @@ class BertForPreTrainingPreLN(nn.Module):
         masked_lm_loss = _LinearCrossEntropy.apply(
             predictions.transform(masked_output), predictions.decoder.weight, predictions.bias,
             flat_labels.index_select(0, masked_positions))
+        if not self.next_sentence_prediction:
+            return masked_lm_loss
         nsp_scores = self.cls.seq_relationship(pooled_output)
         next_sentence_loss = F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
         return masked_lm_loss + next_sentence_loss

@@ -1,0 +1,129 @@
+"""Recipe switches through the real entry point (in-process, one rank, tiny model): NSP off
+(MLM loss only; checkpoints, validation and the Hugging Face export still work), validation
+every N optimizer steps logged by step and training minutes, and the budget LR schedule (a
+run stopped by its time budget ends annealed; a resumed run continues on the same curve).
+Bad recipe keys give one error line."""
+import json
+import os
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.launch import TINY_CFG, ds_config, plain_model_from_checkpoint, train_losses
+from tests.launch import train_in_process as train
+from turing.tb_events import read_run
+
+
+def job_config(tmp_path, num_epochs=2, **training):
+    """The tiny job config with `training` keys set in its seq-128 entry."""
+    config = json.load(open(TINY_CFG))
+    config["mixed_seq_training"]["128"].update(num_epochs=num_epochs, **training)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def scalars(out):
+    return read_run(os.path.join(out, "runs", "tiny_bert"))[0]
+
+
+def valid_prefix(data_root):
+    return os.path.join(data_root, "nvidia", "128")
+
+
+def test_nsp_off_trains_the_mlm_loss_only_in_bf16_and_exports(data_root, tmp_path):
+    import deepspeed_train
+    from tools.export_hf import export
+
+    out = tmp_path / "out"
+    cf = job_config(tmp_path, next_sentence_prediction=False)
+    train(data_root, out, ds_config(tmp_path, bf16={"enabled": True}), "--validation_data_path_prefix",
+          valid_prefix(data_root), cf=cf)
+    values = scalars(out)
+    assert "Validation/NSP_accuracy" not in values and "Validation/MLM_accuracy" in values
+    # The NSP head gets no gradient: unchanged from epoch 1 to epoch 2, while the encoder learns.
+    first, last = (plain_model_from_checkpoint(out, tag) for tag in ("epoch1_step4", "epoch2_step8"))
+    assert torch.equal(first.cls.seq_relationship.weight, last.cls.seq_relationship.weight)
+    assert not torch.equal(first.bert.encoder.layer[0].output.dense.weight,
+                           last.bert.encoder.layer[0].output.dense.weight)
+    # The logged validation loss is the MLM loss alone (with NSP it would be about 0.69 higher).
+    mlm_only = plain_model_from_checkpoint(out).eval()
+    mlm_only.next_sentence_prediction = False
+    args = Namespace(validation_data_path_prefix=valid_prefix(data_root), config=json.load(open(cf)),
+                     config_file=str(cf), vocab_size=mlm_only.config.vocab_size, train_micro_batch_size_per_gpu=16,
+                     seed=0)
+    loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)
+    with torch.no_grad():
+        batch = next(iter(loader))
+        _, nsp_scores = mlm_only(batch._replace(masked_lm_labels=None))
+        nsp = F.cross_entropy(nsp_scores, batch.next_sentence_labels, ignore_index=-1).item()
+        mlm_only.next_sentence_prediction = True
+        with_nsp = mlm_only(batch).item()
+        mlm_only.next_sentence_prediction = False
+        assert mlm_only(batch).item() == pytest.approx(with_nsp - nsp, abs=1e-5)
+        losses = [mlm_only(b).item() for b in loader]
+    assert dict(values["Validation/Loss"])[2] == pytest.approx(sum(losses) / len(losses), abs=0.02)
+    export(str(out / "saved_models" / "tiny_bert"), str(tmp_path / "hf"))  # checks the logits itself
+    assert os.path.isfile(tmp_path / "hf" / "config.json")
+
+
+def test_validation_every_steps_logs_by_step_and_minutes_without_changing_training(data_root, tmp_path):
+    train(data_root, tmp_path / "plain", ds_config(tmp_path))
+    out = tmp_path / "out"
+    train(data_root, out, ds_config(tmp_path), "--validation_every_steps", 3,
+          "--validation_data_path_prefix", valid_prefix(data_root))
+    values = scalars(out)
+    # 2 epochs of 4 steps: inside the epochs at steps 3 and 6, at their ends at 4 and 8.
+    for tag in ("Validation/step/MLM_accuracy", "Validation/step/Loss", "Validation/step/NSP_accuracy",
+                "Validation/train_minutes"):
+        assert [s for s, _ in values[tag]] == [3, 4, 6, 8], tag
+    minutes = [v for _, v in values["Validation/train_minutes"]]
+    assert all(0 < a < b for a, b in zip(minutes, minutes[1:])), minutes
+    assert [s for s, _ in values["Validation/MLM_accuracy"]] == [1, 2]   # the per-epoch tags as before
+    assert train_losses(out) == train_losses(tmp_path / "plain")        # validation leaves training alone
+
+
+def test_budget_schedule_ends_annealed_when_the_budget_stops_the_run(data_root, tmp_path):
+    cf = job_config(tmp_path, num_epochs=100, warmup_proportion=0.0, cooldown_proportion=1.0)
+    state = train(data_root, tmp_path / "out", ds_config(tmp_path), "--lr_schedule", "budget",
+                  "--max_train_hours", 1.5 / 3600, cf=cf)
+    assert 1 <= state.global_step < 400                                  # stopped by the budget
+    lrs = [v for _, v in scalars(tmp_path / "out")["Train/lr"]]
+    assert lrs[-1] == 0.0                                                # the last step is fully annealed
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_budget_schedule_continues_on_the_same_curve_after_a_resume(data_root, tmp_path):
+    cf = job_config(tmp_path, warmup_proportion=0.0, cooldown_proportion=1.0)
+    out = tmp_path / "out"
+    flags = ("--lr_schedule", "budget", "--max_train_hours", 0.01, "--max_steps", 3)
+    train(data_root, out, ds_config(tmp_path), *flags, cf=cf)
+    spent = torch.load(out / "saved_models" / "tiny_bert" / "step3" / "mp_rank_00_model_states.pt",
+                       weights_only=False)["train_seconds"]
+    train(data_root, out, ds_config(tmp_path), *flags, "--auto_resume", cf=cf)
+    lrs = dict(scalars(out)["Train/lr"])
+    assert sorted(lrs) == [1, 2, 3, 4, 5, 6]
+    # Linear from 5e-3 to 0 over 36 s: the first step after the resume is at least `spent` along.
+    assert lrs[4] <= 5e-3 * (1 - spent / 36) * (1 + 1e-6)
+    assert all(lrs[s] > lrs[s + 1] for s in range(1, 6))
+
+
+@pytest.mark.parametrize("keys, flags, message", [
+    ({"masked_lm_prob": 0}, (), "masked_lm_prob must be a number in (0, 1]"),
+    ({"mask_split": [0.8, 0.1]}, (), "mask_split must be [mask, random, keep] shares summing to 1"),
+    ({"next_sentence_prediction": "no"}, (), "next_sentence_prediction must be true or false"),
+    ({"cooldown_shape": "cosine"}, ("--lr_schedule", "WSD"), "cooldown_shape must be one of linear, 1-sqrt"),
+    ({}, ("--lr_schedule", "budget"), "--lr_schedule budget follows the share of --max_train_hours spent"),
+    ({}, ("--validation_every_steps", 5), "--validation_every_steps needs a validation set"),
+])
+def test_bad_recipe_keys_give_one_error_line(data_root, tmp_path, capsys, keys, flags, message):
+    cf = job_config(tmp_path, **keys)
+    with pytest.raises(SystemExit) as exit_info:
+        train(data_root, tmp_path / "out", ds_config(tmp_path), *flags, cf=cf)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
