@@ -76,17 +76,6 @@ def test_nvidia_validation_file_of_another_length_is_refused(capsys, data_root, 
     assert "tiny_test_shard0.hdf5: sequences of length 512, but --max_seq_length is 128" in line
 
 
-def test_bing_shards_of_a_longer_length_are_refused(capsys, data_root, tmp_path):
-    cf = job_config(tmp_path, lambda c: c["data"]["mixed_seq_datasets"]["128"].update(
-        wiki_pretrain_dataset="bing/512/wiki", bc_pretrain_dataset="bing/512/bc"))
-    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", cf=cf, nvidia=False))
-    assert "bing/512/wiki/shard_000: instance" in line and "that fit --max_seq_length 128" in line
-    # The validation set too (its folder is read the same way).
-    line = run_expect_error(capsys, argv(data_root, tmp_path / "out2", "--max_steps_per_epoch", 1,
-                                         "--validation_data_path_prefix", data_root / "bing" / "512", nvidia=False))
-    assert "bing/512/validation/shard_000: instance" in line and "that fit --max_seq_length 128" in line
-
-
 # ----------------------------------------------------------------------------- config values
 
 def _training(key, value):
