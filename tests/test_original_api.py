@@ -1,0 +1,109 @@
+"""The original's calls, written as its users wrote them, run unchanged: the training functions
+of deepspeed_train.py, the AsyncWorker and the providers' shard interface."""
+import json
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from bing_bert_dataset_provider import BingBertDatasetProvider
+from data_worker import AsyncWorker
+from deepspeed_train import (checkpoint_model, construct_arguments, load_checkpoint, load_training_checkpoint,
+                             pretrain_validation, prepare_model_optimizer, report_lamb_coefficients,
+                             report_step_metrics, run, train, update_learning_rate)
+from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from tests.launch import TINY_CFG, TINY_DS
+from turing.errors import InputError
+
+
+def test_original_style_calls_run_as_written(data_root, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", [
+        "deepspeed_train.py", "--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir",
+        str(out), "--data_path_prefix", str(data_root), "--max_seq_length", "128", "--max_predictions_per_seq",
+        "20", "--use_nvidia_dataset", "--print_steps", "1"])
+    args = construct_arguments()
+    model, optimizer = prepare_model_optimizer(args)
+    assert (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps) == (16, 1)
+    assert args.device == torch.device("cpu") and args.fp16 is False
+
+    PATH = args.saved_model_path
+    checkpoint_model(PATH, "start", model, 0, 0, 0)
+    epoch, last_global_step, last_global_data_samples = load_training_checkpoint(args, model, PATH, "start")
+    assert (epoch, last_global_step, last_global_data_samples) == (0, 0, 0)
+
+    provider = NvidiaBertDatasetProvider(args)
+    try:
+        train(args, 0, model, optimizer, provider, finetune=False)
+    finally:
+        provider.close()
+    assert (model.session.state.epoch, model.session.state.global_step) == (1, 4)
+    run(args, model, optimizer, 1)                       # epoch 2 of 2, its own provider, a checkpoint
+    assert model.session.state.global_step == 8
+    assert open(os.path.join(PATH, "latest")).read() == "epoch2_step8"
+
+    args.load_training_checkpoint, args.load_checkpoint_id = PATH, "epoch2_step8"
+    assert load_checkpoint(args, model) == 2
+    assert pretrain_validation(args, 1, model) is None   # no --validation_data_path_prefix
+    lr = update_learning_rate(args, args.config, 5, optimizer)
+    assert all(group["lr"] == lr for group in optimizer.param_groups)
+    report_step_metrics(args, lr, 1.5, 5, 80)
+    assert report_lamb_coefficients(args, optimizer) is None   # AdamW: no LAMB coefficients
+
+
+def test_async_worker_takes_a_list_of_loaders():
+    worker = AsyncWorker([iter([1, 2]), iter(["a", "b"])], [0, 1, 1, 0])
+    worker.start()
+    got = []
+    for _ in range(4):
+        got.append(worker.get())
+        worker.prefetch()
+    worker.stop()
+    worker.join(timeout=5)
+    assert got == [1, "a", "b", 2]
+
+
+def _bing_args(data_root, async_worker):
+    config = json.load(open(TINY_CFG))
+    config["data"]["datasets"] = config["data"]["mixed_seq_datasets"]["128"]
+    config["training"] = {**config["mixed_seq_training"]["128"], "async_worker": async_worker}
+    return types.SimpleNamespace(config=config, vocab_file=str(data_root / "vocab.txt"),
+                                 data_path_prefix=str(data_root), max_seq_length=128, max_predictions_per_seq=20, seed=1, local_rank=-1,
+                                 train_micro_batch_size_per_gpu=16, gradient_accumulation_steps=1,
+                                 refresh_bucket_size=1, vocab_size=96)
+
+
+@pytest.mark.parametrize("provider_name", ["nvidia", "bing"])
+def test_get_shard_called_as_the_original_interface(data_root, provider_name):
+    args = _bing_args(data_root, True)
+    args.config["data"]["datasets"]["pretrain_dataset"] = "nvidia/128/train"
+    provider = NvidiaBertDatasetProvider(args) if provider_name == "nvidia" else BingBertDatasetProvider(args)
+    try:
+        dataset_iterator, total_length = provider.get_shard(0)
+        provider.prefetch_shard(1)
+        batches = []
+        for batch_index in dataset_iterator:
+            batches.append(provider.get_batch(batch_index))
+            provider.prefetch_batch()
+        provider.release_shard(0)
+        assert len(batches) == total_length > 0 and all(b.input_ids.shape == (16, 128) for b in batches)
+        with pytest.raises(TypeError):      # the original's (index, shuffle) is no start position here
+            provider.get_shard(0, True)
+    finally:
+        provider.close()
+
+
+def test_async_worker_false_means_off(data_root):
+    off = BingBertDatasetProvider(_bing_args(data_root, False))
+    on = BingBertDatasetProvider(_bing_args(data_root, True))
+    try:
+        off.get_shard(0)
+        on.get_shard(0)
+        assert off.worker is None and isinstance(on.worker, AsyncWorker)
+    finally:
+        off.close()
+        on.close()
+    with pytest.raises(InputError, match=r"mixed_seq_training\.128\.async_worker: expected true or false"):
+        BingBertDatasetProvider(_bing_args(data_root, "false"))
