@@ -23,7 +23,7 @@ from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, CheckpointNotFo
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
 
-try:  # a test-only dependency; test_plot_run.py imports the shared run from here without it
+try:  # optional for training; test_plot_run.py imports the shared run from here without it
     import transformers
     from safetensors import torch as safetensors_torch
 except ImportError:

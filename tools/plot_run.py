@@ -5,10 +5,16 @@
 Panels (a panel with no data in any run is left out):
 - training loss against samples seen, raw (faint) and smoothed (EMA)  `Train/Samples/train_loss`
 - learning rate against optimizer step                                 `Train/lr`
-- validation loss against epoch                                        `Validation/Loss`
-- validation accuracy against epoch                  `Validation/MLM_accuracy`, `Validation/NSP_accuracy`
+- validation loss against optimizer step                 `Validation/step/Loss` (else `Validation/Loss`
+                                                          against epoch, for runs logged before)
+- validation MLM and NSP accuracy against optimizer step `Validation/step/MLM_accuracy`, `.../NSP_accuracy`
+                                                          (else the per-epoch tags against epoch)
+- validation MLM accuracy against training minutes     `Validation/step/MLM_accuracy` joined by step
+                                                          with `Validation/train_minutes`
 - throughput against optimizer step                                    `Train/samples_per_sec`
-Each run is one colour, named after its folder, so several runs compare on one figure.
+Each run is one colour, named after its folder, so several runs compare on one figure; NSP
+accuracy lines take colours of their own (dashed, square markers). Few points get markers and
+an integer step or epoch axis with room around them.
 Events are read with `turing.tb_events` (no TensorFlow needed); matplotlib draws off-screen (Agg).
 """
 import argparse
@@ -26,15 +32,21 @@ from turing.tb_events import read_run  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-# (title, x label, y label, [(tag, line label suffix)], draw raw + EMA)
+# (title, y label, draw raw + EMA, alternatives): a panel draws the first alternative that any
+# run has data for; an alternative is (x label, [(y tag, x tag or None = the event step, suffix)]).
 PANELS = [
-    ("Training loss (faint: raw)", "samples", "loss", [("Train/Samples/train_loss", "")], True),
-    ("Learning rate", "optimizer step", "learning rate", [("Train/lr", "")], False),
-    ("Validation loss", "epoch", "loss", [("Validation/Loss", "")], False),
-    ("Validation accuracy", "epoch", "accuracy",
-     [("Validation/MLM_accuracy", " MLM"), ("Validation/NSP_accuracy", " NSP")], False),
-    ("Throughput", "optimizer step", "samples / s", [("Train/samples_per_sec", "")], False),
+    ("Training loss (faint: raw)", "loss", True, [("samples", [("Train/Samples/train_loss", None, "")])]),
+    ("Learning rate", "learning rate", False, [("optimizer step", [("Train/lr", None, "")])]),
+    ("Validation loss", "loss", False, [("optimizer step", [("Validation/step/Loss", None, "")]),
+                                        ("epoch", [("Validation/Loss", None, "")])]),
+    ("Validation accuracy", "accuracy", False,
+     [("optimizer step", [("Validation/step/MLM_accuracy", None, " MLM"), ("Validation/step/NSP_accuracy", None, " NSP")]),
+      ("epoch", [("Validation/MLM_accuracy", None, " MLM"), ("Validation/NSP_accuracy", None, " NSP")])]),
+    ("Validation MLM accuracy against training time", "MLM accuracy", False,
+     [("training minutes", [("Validation/step/MLM_accuracy", "Validation/train_minutes", "")])]),
+    ("Throughput", "samples / s", False, [("optimizer step", [("Train/samples_per_sec", None, "")])]),
 ]
+INTEGER_AXES = ("optimizer step", "epoch")
 
 
 class PlotError(ValueError):
@@ -76,6 +88,16 @@ def load_runs(run_dirs):
     return runs
 
 
+def _points(scalars, ytag, xtag=None):
+    """[(x, y)] of a run's tag `ytag`: x is the event step, or the value of `xtag` logged at
+    the same step (points without one are left out)."""
+    points = scalars.get(ytag, [])
+    if xtag is None:
+        return points
+    xs = dict(scalars.get(xtag, []))
+    return [(xs[step], value) for step, value in points if step in xs]
+
+
 def plot_runs(run_dirs, output, smooth=0.9):
     """Draw the figure into `output` (PNG); returns {panel title: [line labels drawn]}."""
     if not 0.0 <= smooth < 1.0:
@@ -87,7 +109,12 @@ def plot_runs(run_dirs, output, smooth=0.9):
     from matplotlib.ticker import MaxNLocator
 
     runs = load_runs(run_dirs)
-    panels = [p for p in PANELS if any(tag in scalars for _, scalars in runs for tag, _ in p[3])]
+    panels = []
+    for title, ylabel, smoothed, alternatives in PANELS:
+        chosen = next(((xlabel, series) for xlabel, series in alternatives
+                       if any(_points(scalars, y, x) for _, scalars in runs for y, x, _ in series)), None)
+        if chosen:
+            panels.append((title, ylabel, smoothed) + chosen)
     if not panels:
         raise PlotError(f"{', '.join(run_dirs)}: no scalars to plot (tags read: "
                         f"{', '.join(sorted({t for _, s in runs for t in s})) or 'none'})")
@@ -96,27 +123,34 @@ def plot_runs(run_dirs, output, smooth=0.9):
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.0 * rows), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = {}
-    for ax, (title, xlabel, ylabel, tags, smoothed) in zip(axes.flat, panels):
+    for ax, (title, ylabel, smoothed, xlabel, series) in zip(axes.flat, panels):
         drawn[title] = []
-        for r, (label, scalars) in enumerate(runs):
-            colour = colours[r % len(colours)]
-            for (tag, suffix), style in zip(tags, ("-", "--")):
-                if tag not in scalars:
+        xs = []
+        for k, (ytag, xtag, suffix) in enumerate(series):
+            for r, (label, scalars) in enumerate(runs):
+                points = _points(scalars, ytag, xtag)
+                if not points:
                     continue
-                steps, values = zip(*scalars[tag])
+                # the first series takes the run's colour, a second one (NSP) colours of its own
+                colour = colours[(k * len(runs) + r) % len(colours)]
+                steps, values = zip(*points)
+                xs += steps
                 name = label + suffix
                 if smoothed:
                     ax.plot(steps, values, color=colour, alpha=0.25, linewidth=0.8)
-                    ax.plot(steps, ema(values, smooth), color=colour, linestyle=style,
-                            label=f"{name} (EMA {smooth:g})")
+                    ax.plot(steps, ema(values, smooth), color=colour, label=f"{name} (EMA {smooth:g})")
                 else:
-                    marker = "o" if len(steps) < 30 else None
-                    ax.plot(steps, values, color=colour, linestyle=style, marker=marker, label=name)
+                    marker = ("o", "s")[k % 2] if len(steps) < 30 else None
+                    ax.plot(steps, values, color=colour, linestyle=("-", "--")[k % 2], marker=marker, label=name)
                 drawn[title].append(name)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
-        if xlabel != "samples":
+        if xlabel in INTEGER_AXES:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole
+            if max(xs) - min(xs) < 2:  # one or two points: whole numbers around them, not 0.95-1.05
+                ax.set_xlim(min(xs) - 1, max(xs) + 1)
+        elif xlabel == "training minutes":
+            ax.set_xlim(left=0)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
