@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface
+from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex, epoch_sample_order,
                             tokenize_shard)
@@ -187,12 +187,13 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                                           self.seed, salt=int(dataset_type), epoch=index)
             loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
                                 sampler=range(skipped.count(int(dataset_type)), num_micro),
-                                num_workers=self.num_workers,
+                                num_workers=self.num_workers, worker_init_fn=ignore_stop_signals,
                                 # its own generator: creating the iterator must not draw from the
                                 # global torch RNG (dropout), or a resumed run would diverge
                                 generator=torch.Generator().manual_seed(self.seed + index))
-            self._iterators[int(dataset_type)] = _BatchIterator(
-                loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
+            with stop_signals_held():  # workers start here
+                self._iterators[int(dataset_type)] = _BatchIterator(
+                    loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
         remaining = picker[start_batch:]
         logger.info("Epoch %d: %s; %d micro batches%s", index + 1,
                     ", ".join(f"{t.name} {os.path.basename(shards[t].name)} ({len(shards[t])} samples, "

@@ -10,6 +10,7 @@ checkpoint -> run epochs: train (the step loop), validate, checkpoint.
 sets up a one-process group itself.
 """
 import dataclasses
+import fcntl
 import json
 import logging
 import math
@@ -20,7 +21,9 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
+import zipfile
 
 import numpy as np
 import torch
@@ -762,34 +765,116 @@ def agreed_step_count(local_count, device):
 
 
 class StopSignals:
-    """SIGTERM/SIGINT: the first asks for a checkpoint at the end of the current optimizer
-    step; a second one exits at once. Copies arriving within REPEAT_WINDOW seconds of the
-    first are the same request: a scheduler signalling the whole process group reaches a
-    rank twice, directly and through the deepspeed launcher, which forwards SIGTERM."""
+    """SIGTERM/SIGINT, and the end of the deepspeed launcher: the first asks for a checkpoint at
+    the end of the current optimizer step; a second signal exits at once. Copies arriving within
+    REPEAT_WINDOW seconds of the first are the same request: a scheduler signalling the whole
+    process group reaches a rank twice, directly and through the deepspeed launcher, which
+    forwards SIGTERM. (The data providers' helper processes ignore these signals, so that the
+    rank can finish its step and write the checkpoint with them.)"""
 
     REPEAT_WINDOW = 2.0
+    LAUNCHER_GONE = int(signal.SIGHUP)  # the code a stop for a vanished launcher goes by
 
     def __init__(self):
         self.received = None
         self.received_at = None
+        self.reason = None
         self._previous = {}
+        self._watch = None
 
     def install(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
+        if LauncherWatch.applies():
+            self._watch = LauncherWatch(self)
+            self._watch.start()
 
     def uninstall(self):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._watch is not None:
+            self._watch.stop()
 
     def _handle(self, signum, frame):
         if self.received is not None:
             if time.time() - self.received_at < self.REPEAT_WINDOW:
                 return
             os._exit(128 + signum)
-        self.received, self.received_at = signum, time.time()
-        logger.warning("Received %s: stopping after this optimizer step with a checkpoint "
-                       "(send it again to exit at once)", signal.Signals(signum).name)
+        self.request(signum, f"Received {signal.Signals(signum).name}")
+
+    def request(self, code, reason):
+        """Ask for a stop with a checkpoint (from a signal handler or the launcher watch)."""
+        if self.received is not None:
+            return
+        self.received, self.received_at, self.reason = code, time.time(), reason
+        logger.warning("%s: stopping after this optimizer step with a checkpoint (a signal sent again "
+                       "exits at once)", reason)
+
+    def describe(self, code):
+        """The stop reason of `code`, which may have come from another rank."""
+        if code == self.LAUNCHER_GONE:
+            return f"stopped: the deepspeed launcher is gone ({self.reason if self.received == code else 'seen by another rank'})"
+        return f"stopped by {signal.Signals(code).name}"
+
+
+def _proc_parent(pid):
+    """The parent pid of process `pid`, read from /proc (Linux); None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class LauncherWatch(threading.Thread):
+    """Stops the rank (through StopSignals.request) once its launcher is gone.
+
+    The deepspeed command runs launch.py, which runs the ranks. Killed alone, the command exits
+    and leaves launch.py and the ranks training; launch.py killed with SIGKILL leaves the ranks.
+    This thread polls /proc once a second: when launch.py is no longer this rank's parent, or the
+    deepspeed command no longer launch.py's, it asks for a stop as SIGTERM does. It runs only
+    under launch.py; the command above it is watched only when it is deepspeed's runner (a shell
+    that ran launch.py itself may end without stopping the run).
+    """
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, signals):
+        super().__init__(name="LauncherWatch", daemon=True)
+        self.signals = signals
+        self.launch_pid = os.getppid()
+        runner = _proc_parent(self.launch_pid)
+        command = _proc_cmdline(runner) if runner else []
+        is_runner = ("deepspeed.launcher.runner" in command
+                     or any(os.path.basename(a) in ("deepspeed", "ds") for a in command[:2]))
+        self.runner_pid = runner if is_runner else None
+        self._done = threading.Event()
+
+    @staticmethod
+    def applies():
+        return any("deepspeed.launcher.launch" in a for a in _proc_cmdline(os.getppid()))
+
+    def run(self):
+        while not self._done.wait(self.POLL_SECONDS):
+            if os.getppid() != self.launch_pid:
+                gone = f"launch.py (pid {self.launch_pid}) has ended"
+            elif self.runner_pid is not None and _proc_parent(self.launch_pid) != self.runner_pid:
+                gone = f"the deepspeed command (pid {self.runner_pid}) has ended"
+            else:
+                continue
+            self.signals.request(StopSignals.LAUNCHER_GONE, gone)
+            return
+
+    def stop(self):
+        self._done.set()
 
 
 def step_checks(args, state, loss, signals, session_start, engine):
@@ -871,8 +956,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
         step_loss, data_wait = None, 0.0
         if signum:
             bar.close()
-            stop_with_checkpoint(args, model, state, reporter, ctx,
-                                 f"stopped by {signal.Signals(signum).name}", 128 + signum)
+            stop_with_checkpoint(args, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
         if over_time:
             stop = "time"
         elif is_time_to_exit(args, global_steps=state.global_step - state.restore_step):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface
+from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from turing.batch import Batch, BatchType
 from utils import get_rank_and_world
 
@@ -140,12 +140,14 @@ def _identity(batch):
 
 
 class _WorkerInit:
-    """Seeds numpy/random/torch of each DataLoader worker with seed + local_rank + worker_id."""
+    """Seeds numpy/random/torch of each DataLoader worker with seed + local_rank + worker_id;
+    the worker ignores stop signals (the rank handles them)."""
 
     def __init__(self, seed):
         self.seed = seed
 
     def __call__(self, worker_id):
+        ignore_stop_signals()
         seed = self.seed + worker_id
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -226,7 +228,8 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         )
         logger.info("Epoch %d: shard %s, %d samples, %d micro-batches from micro-batch %d", index + 1,
                     dataset.path, len(dataset), len(self._loader), start_batch)
-        return iter(self._loader), len(self._loader)
+        with stop_signals_held():  # workers start here
+            return iter(self._loader), len(self._loader)
 
     def release_shard(self, index):
         self._loader = None
@@ -234,8 +237,10 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
     def prefetch_shard(self, index):
         if self._pool is None:
             # spawn, not fork: the trainer holds threads (gloo, DataLoader) that fork would copy mid-state.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index)))
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=ignore_stop_signals)
+        with stop_signals_held():  # the pool's process starts at the first submit
+            self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index)))
 
     def get_batch(self, batch_iter):
         return batch_iter
