@@ -349,8 +349,17 @@ def prepare_model_optimizer(args):
 # A checkpoint folder OUT/saved_models/JOB/TAG is complete once COMPLETE_MARKER is in it; only
 # then does `latest` (written by us, atomically) name it. Tags: epoch{E}_step{S} after an
 # epoch, step{S} for interval and stop checkpoints (mid-epoch, with the position inside it).
+# Folders without markers (the original program's, DeepSpeed's own, copies) are resumed from
+# only when no complete checkpoint is beside them, and only once they load.
 
 COMPLETE_MARKER = "checkpoint_complete.json"
+ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
+CLIENT_STATE_KEYS = ("epoch", "last_global_step", "last_global_data_samples")
+
+
+class CheckpointNotWritten(StopTraining):
+    """A checkpoint could not be written (a full disk, ...): the run ends with one line; the
+    half-written folder is gone, the previous checkpoints and `latest` are as they were."""
 
 
 def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_data_samples, **kwargs):
@@ -392,46 +401,101 @@ def _barrier():
 
 
 def save_run_files(args, folder):
-    """The job config and the resolved arguments next to a checkpoint (rank 0)."""
+    """The job config and the resolved arguments next to a checkpoint (rank 0), on disk."""
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "job_config.json"), "w") as f:
-        json.dump(args.config, f, indent=2)
     plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
-    with open(os.path.join(folder, "args.json"), "w") as f:
-        json.dump(plain, f, indent=2, default=str)
-    with open(os.path.join(folder, "ds_config.json"), "w") as f:
-        json.dump(args.ds_config, f, indent=2)
+    for name, content in (("job_config.json", args.config), ("args.json", plain), ("ds_config.json", args.ds_config)):
+        _write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path, text):
+    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(os.path.dirname(path))
+
+
+def sync_folder(folder):
+    """fsync every file under `folder`, then the folders (so their new entries last too)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
 
 
 def save_checkpoint(args, model, state, tag):
-    """A complete checkpoint: engine + client state (with every rank's RNG), run files, the
-    completion marker, then `latest`; older interval checkpoints pruned (--keep_last_checkpoints)."""
+    """A complete checkpoint, or none. The engine's files (every rank takes part, with every
+    rank's RNG states in the client state) are fsync'ed by one rank per node, then rank 0
+    writes the run files and the completion marker, then `latest`; older interval checkpoints
+    are pruned (--keep_last_checkpoints).
+
+    A write that fails (a full disk) ends the run with CheckpointNotWritten: the half-written
+    folder is removed, the previous checkpoints and `latest` are untouched.
+    """
     folder = os.path.join(args.saved_model_path, tag)
+    is_master = master_process(args)
     logger.info("Saving checkpoint %s", folder)
-    checkpoint_model(args.saved_model_path, tag, model, **state.client_state(), rng_states=_all_ranks(rng_states()))
-    _barrier()
-    if master_process(args):
-        save_run_files(args, folder)
-        _write_atomic(os.path.join(folder, COMPLETE_MARKER),
-                      json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
-        _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+    try:
+        marker = os.path.join(folder, COMPLETE_MARKER)
+        if is_master and os.path.exists(marker):
+            os.remove(marker)  # written again under the same tag: incomplete until whole again
+        checkpoint_model(args.saved_model_path, tag, model, **state.client_state(),
+                         rng_states=_all_ranks(rng_states()))
+        _barrier()
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            sync_folder(folder)
+        _barrier()
+        if is_master:
+            save_run_files(args, folder)
+            _write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
+            _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+    except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
+        raise checkpoint_not_written(args, folder, e) from e
+    if is_master:
         prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
 
 
+def checkpoint_not_written(args, folder, error):
+    """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
+    folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
+    logger.debug("Checkpoint write failed", exc_info=error)
+    if master_process(args):
+        shutil.rmtree(folder, ignore_errors=True)
+    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20
+    complete = complete_tags(args.saved_model_path)
+    reason = (str(error).strip().splitlines() or [""])[0]
+    return CheckpointNotWritten(
+        f"checkpoint {folder} could not be written ({type(error).__name__}: {reason}; {free_mib:.1f} MiB free "
+        f"there): removed it; {f'the newest complete checkpoint is {complete[-1]}' if complete else 'no checkpoint yet'}"
+        f", `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
+
+
 def _step_of(tag):
-    match = re.fullmatch(r"(?:epoch\d+_)?step(\d+)", tag)
+    match = re.fullmatch(r"(?:epoch\d+_)?(?:global_)?step(\d+)", tag)
     return int(match.group(1)) if match else -1
+
+
+def _tag_order(tag):
+    return _step_of(tag), tag.startswith("epoch")
 
 
 def complete_tags(path):
@@ -439,7 +503,40 @@ def complete_tags(path):
     if not os.path.isdir(path):
         return []
     tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
-    return sorted(tags, key=lambda t: (_step_of(t), t.startswith("epoch")))
+    return sorted(tags, key=_tag_order)
+
+
+def engine_tags(path):
+    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
+    if not os.path.isdir(path):
+        return []
+    tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
+            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
+    return sorted(tags, key=_tag_order)
+
+
+def holds_checkpoints(path):
+    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
+    return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
+
+
+def checkpoint_damage(folder):
+    """Why the checkpoint in `folder` cannot load, found without loading it; None when it looks
+    whole. A torch file is a zip archive whose directory sits at its end: cut short, it has none."""
+    names = sorted(os.listdir(folder))
+    if not any(n.endswith(ENGINE_FILE_SUFFIX) for n in names):
+        return f"no *{ENGINE_FILE_SUFFIX} file"
+    for name in (n for n in names if n.endswith(".pt")):
+        with open(os.path.join(folder, name), "rb") as f:
+            head = f.read(4)
+        if not head:
+            return f"{name} is empty"
+        if head == b"PK\x03\x04":  # torch's zip format (the legacy pickle format is left to the loader)
+            try:
+                zipfile.ZipFile(os.path.join(folder, name)).close()
+            except zipfile.BadZipFile:
+                return f"{name} is cut short or damaged"
+    return None
 
 
 def prune_interval_checkpoints(path, keep_last, keep):
@@ -453,54 +550,107 @@ def prune_interval_checkpoints(path, keep_last, keep):
             logger.info("Removed old interval checkpoint %s", tag)
 
 
-def resolve_checkpoint_tag(path, tag):
-    """The tag to load: `latest` reads the latest file; a tag whose folder is incomplete (killed
-    while writing) falls back to the newest complete one, with a warning."""
+def resume_candidates(path, tag, warn=logger.warning):
+    """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
+    'latest': the tag the latest file names, else the newest).
+
+    Where the folder holds complete checkpoints, only they count (a tag without the marker was
+    being written when its run died); a folder without any (written by the original program,
+    by DeepSpeed directly, or copied without the markers) offers every tag folder with engine
+    files. The tag asked for comes first; older ones follow as fall-backs. Tags whose files are
+    cut short are left out, with a warning; none left is an InputError.
+    """
     if not os.path.isdir(path):
         raise InputError(f"{path}: checkpoint folder not found (--load_training_checkpoint)")
+    complete = complete_tags(path)
+    pool = complete or engine_tags(path)
     if tag in (None, "latest"):
         latest = os.path.join(path, "latest")
-        if not os.path.isfile(latest):
-            raise InputError(f"{path}: no 'latest' file; give --load_checkpoint_id TAG "
-                             f"(tags there: {', '.join(sorted(os.listdir(path))) or 'none'})")
-        tag = open(latest).read().strip()
-    folder = os.path.join(path, tag)
-    if not os.path.isdir(folder):
+        if os.path.isfile(latest):
+            with open(latest) as f:
+                tag = f.read().strip()
+        elif pool:
+            tag = pool[-1]
+        else:
+            raise InputError(f"{path}: no checkpoint there (no 'latest' file, no tag folder with "
+                             f"*{ENGINE_FILE_SUFFIX}); give --load_checkpoint_id TAG or another folder")
+    elif not os.path.isdir(os.path.join(path, tag)):
         tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-        raise InputError(f"{folder}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
+        raise InputError(f"{os.path.join(path, tag)}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
                          f"tags there: {', '.join(tags) or 'none'}")
-    if not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):
-        complete = [t for t in complete_tags(path) if _step_of(t) <= _step_of(tag) or _step_of(tag) < 0]
-        has_engine_files = any(f.endswith("model_states.pt") for f in os.listdir(folder))
-        if complete:
-            logger.warning("Checkpoint %s is incomplete (no %s; killed while writing?): using %s instead",
-                           folder, COMPLETE_MARKER, complete[-1])
-            return complete[-1]
-        if not has_engine_files:
-            raise InputError(f"{folder}: incomplete checkpoint (no model states) and no complete one beside it")
-        logger.warning("Checkpoint %s has no %s (written by another tool?); loading it as it is",
-                       folder, COMPLETE_MARKER)
-    return tag
+    folder = os.path.join(path, tag)
+    if tag not in pool:
+        warn("Checkpoint %s is missing or incomplete (no %s: killed while writing?)", folder, COMPLETE_MARKER)
+    elif not complete:
+        warn("Checkpoint %s has no %s (written by the original program, by DeepSpeed directly, or copied "
+             "without it): resuming from it if it loads", folder, COMPLETE_MARKER)
+    candidates = ([tag] if tag in pool else []) + [
+        t for t in reversed(pool) if t != tag and (_tag_order(t) <= _tag_order(tag) or _step_of(tag) < 0)]
+    usable, damaged = [], []
+    for candidate in candidates:
+        damage = checkpoint_damage(os.path.join(path, candidate))
+        if damage is None:
+            usable.append(candidate)
+        else:
+            damaged.append(f"{candidate}: {damage}")
+            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
+    if not usable:
+        raise InputError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
+                         f"move the folder away to start fresh, or give another --job_name")
+    if usable[0] != tag:
+        warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
+    return usable
+
+
+def load_first_loadable(model, path, tag):
+    """Load the first of resume_candidates(path, tag) that the engine loads and whose client
+    state holds the run position; returns (tag, client state). Those that fail are warned about."""
+    failed = []
+    for candidate in resume_candidates(path, tag):
+        folder = os.path.join(path, candidate)
+        logger.info("Restoring checkpoint %s", folder)
+        try:
+            _, client_state = model.network.load_checkpoint(path, candidate)
+        except Exception as e:  # noqa: BLE001 - torch and DeepSpeed raise many types for a file they cannot read
+            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        else:
+            missing = [k for k in CLIENT_STATE_KEYS if k not in (client_state or {})]
+            if client_state is None:
+                why = "DeepSpeed could not load it"
+            elif missing:
+                why = (f"its client state lacks {', '.join(missing)}: not written by this program or the "
+                       f"original Bing BERT")
+            else:
+                if failed:
+                    logger.warning("Resuming from %s instead of %s", folder, ", ".join(failed))
+                return candidate, client_state
+        failed.append(candidate)
+        logger.warning("Checkpoint %s does not load (%s)", folder, why)
+    raise InputError(f"{path}: no checkpoint there loads (tried {', '.join(failed)}; reasons above); move the "
+                     f"folder away to start fresh, or give another --job_name")
 
 
 def load_training_checkpoint(args, model, PATH, ckpt_id):
     """Restore engine, optimizer and client state; returns (epoch, last_global_step,
     last_global_data_samples) and the whole client state dict as a fourth value."""
-    ckpt_id = resolve_checkpoint_tag(PATH, ckpt_id)
-    logger.info("Restoring checkpoint %s", os.path.join(PATH, ckpt_id))
-    _, client_state = model.network.load_checkpoint(PATH, ckpt_id)
-    if client_state is None:
-        raise InputError(f"{os.path.join(PATH, ckpt_id)}: DeepSpeed could not load this checkpoint")
+    ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     return (client_state["epoch"], client_state["last_global_step"],
             client_state["last_global_data_samples"], client_state)
+
+
+def resume_source(args):
+    """(folder, tag) the run resumes from, or (None, None) for a fresh start: --auto_resume takes
+    the run's own folder when it holds any checkpoint, else --load_training_checkpoint."""
+    if args.auto_resume and holds_checkpoints(args.saved_model_path):
+        return args.saved_model_path, "latest"
+    return args.load_training_checkpoint, args.load_checkpoint_id
 
 
 def load_checkpoint(args, model, state):
     """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
     --load_training_checkpoint/--load_checkpoint_id; fills the run state."""
-    path, tag = args.load_training_checkpoint, args.load_checkpoint_id
-    if args.auto_resume and complete_tags(args.saved_model_path):
-        path, tag = args.saved_model_path, "latest"
+    path, tag = resume_source(args)
+    if args.auto_resume and path == args.saved_model_path:
         logger.info("--auto_resume: resuming from %s", path)
     elif args.auto_resume:
         logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
@@ -605,9 +755,15 @@ class Reporter:
         if state.global_step % 20 == 0:
             self.throughput(state.global_step)
 
-    def flush(self):
-        if not self.pending:
-            return
+    def flush(self, to_disk=False):
+        """Write pending step metrics; `to_disk`: also the TensorBoard file (before a checkpoint,
+        so that a disk the checkpoint fills up keeps this session's curves)."""
+        if self.pending:
+            self._write_pending()
+        if to_disk and self.writer is not None:
+            self.writer.flush()
+
+    def _write_pending(self):
         losses = torch.stack([p[3] for p in self.pending]).float().cpu().tolist()  # one sync
         for (step, samples, lr, _), loss in zip(self.pending, losses):
             report_step_metrics(self.args, lr, loss, step, samples, self.writer)
@@ -637,7 +793,10 @@ class Reporter:
     def close(self):
         self.flush()
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as e:  # a full disk: what flush(to_disk=True) wrote before stays
+                logger.warning("TensorBoard: the last events could not be written (%s)", e)
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
@@ -963,6 +1122,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, state, repor
             stop = "max_steps"
         if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
+            reporter.flush(to_disk=True)
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
         if stop or is_time_to_exit(args, epoch_steps=epoch_steps):
             break
@@ -989,7 +1149,7 @@ def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
 
 
 def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
-    reporter.flush()
+    reporter.flush(to_disk=True)
     folder = save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
     raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
                        f"(re-run with --auto_resume to continue)", exit_code)
