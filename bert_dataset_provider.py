@@ -50,6 +50,11 @@ def stop_signals_held():
 
 
 class BertDatasetProviderInterface:
+    def check_shards(self):
+        """Check every training shard the run may read (layout, not every value): a bad one
+        is an error before the model is built, not in some later epoch."""
+        raise NotImplementedError
+
     def get_shard(self, index):
         raise NotImplementedError
 

@@ -128,12 +128,17 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"dataset folder {folder} (job config {key} under --data_path_prefix) "
                                     f"does not exist")
-        # Every sub-folder is a shard: a broken one fails with a message when its epoch opens it.
+        # Every sub-folder is a shard; check_shards() opens them all before the model is built.
         shards = [os.path.join(folder, d) for d in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, d))]
         if not shards:
             raise ValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
                              f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
         return shards
+
+    def check_shards(self):
+        for folders in self.dataset_folders.values():
+            for folder in folders:
+                BingShard(folder)
 
     def shard_folder(self, dataset_type, index):
         folders = self.dataset_folders[dataset_type]

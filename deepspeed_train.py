@@ -848,12 +848,16 @@ def build_provider(args):
 
 
 def open_validation_set(args):
-    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards."""
+    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards, read and
+    checked whole (also before the model is built, by check_run_inputs)."""
     path = os.path.join(args.validation_data_path_prefix,
                         _require(args.config, ["validation", "path"], args.config_file))
     if not os.path.isdir(path):
         raise InputError(f"{path}: validation folder not found (validation.path under "
                          f"--validation_data_path_prefix)")
+    if not os.listdir(path):
+        raise InputError(f"{path}: validation folder is empty; expected NVIDIA .hdf5 files or Bing shard "
+                         f"folders (validation.path under --validation_data_path_prefix)")
     hdf5 = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
     if hdf5:
         from torch.utils.data import ConcatDataset
@@ -866,6 +870,52 @@ def open_validation_set(args):
     from turing.dataset import open_validation_dataset
 
     return open_validation_dataset(path, load_vocab(args.vocab_file), args)
+
+
+def check_run_inputs(args, provider):
+    """What the run will read, checked before the model is built, so that a bad path or file
+    costs seconds, not an epoch: the layout of every training shard, the validation set (read
+    whole), and the checkpoint a resume will load (there, and its files not cut short)."""
+    provider.check_shards()
+    if args.validation_data_path_prefix and not args.finetune:
+        open_validation_set(args)
+    path, tag = resume_source(args)
+    if path is not None:
+        resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
+
+
+def claim_job_folder(args, is_master):
+    """One run per OUT/saved_models/JOB at a time; returns the lock (an open file; the run
+    holds it until it closes it or ends, however it ends, as the OS then drops it), or None
+    on ranks other than 0.
+
+    A second run of the job, while one runs, stops here with the holder's pid and host. So does
+    a fresh run (neither --auto_resume nor --load_training_checkpoint) where checkpoints exist
+    already: it would write over them and mix its TensorBoard curves with theirs.
+    """
+    folder = args.saved_model_path
+    lock = None
+    if is_master:
+        lock_path = f"{folder}.lock"
+        lock = open(lock_path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown process"
+            lock.close()
+            raise InputError(f"{folder} is in use by another run ({holder}; lock {lock_path}); wait for it to "
+                             f"end, or give another --job_name or --output_dir") from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+    if not args.auto_resume and args.load_training_checkpoint is None and holds_checkpoints(folder):
+        if lock is not None:
+            lock.close()
+        raise InputError(f"{folder} already holds checkpoints ({', '.join(engine_tags(folder)[-3:]) or 'latest'}); "
+                         f"re-run with --auto_resume to continue that run, or give a new --job_name or "
+                         f"--output_dir for a new one")
+    return lock
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1182,8 +1232,11 @@ class RunContext:
 
 
 def run(args, model, optimizer, start_epoch, state, provider, reporter, ctx):
-    """The epoch loop: train, validate, checkpoint; a stop (--max_steps, --max_train_hours)
-    inside an epoch leaves a step{S} checkpoint that remembers the position in the epoch."""
+    """The epoch loop: train, checkpoint, validate. The checkpoint comes first, so that nothing
+    failing after an epoch (validation included) costs the epoch. A stop (--max_steps,
+    --max_train_hours) inside an epoch leaves a step{S} checkpoint that remembers the position
+    in the epoch. Validation follows every epoch and a run's end by --max_steps or
+    --max_train_hours, once; a signal or non-finite stop ends the run without it."""
     num_epochs = args.config["training"]["num_epochs"]
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the checkpoint has finished %d of %d epochs", start_epoch, num_epochs)
@@ -1192,12 +1245,13 @@ def run(args, model, optimizer, start_epoch, state, provider, reporter, ctx):
         started = time.time()
         stop = train(args, index, model, optimizer, provider, state, reporter, ctx)
         epoch_done = state.epoch == index + 1
-        if args.validation_data_path_prefix and not args.finetune and (epoch_done or stop == "time"):
-            pretrain_validation(args, index, model, reporter, state)
+        reporter.flush(to_disk=True)
         if epoch_done and (args.ckpt_to_save is None or state.epoch in args.ckpt_to_save):
             save_checkpoint(args, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
         elif stop is not None:
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+        if args.validation_data_path_prefix and not args.finetune:
+            pretrain_validation(args, index, model, reporter, state)
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
         if stop is not None:
             logger.warning("Stopping: %s reached at epoch %d, global step %d",
@@ -1239,10 +1293,12 @@ def _main(args):
         logger.info("Job config: %s", json.dumps(args.config))
     from turing.modeling import check_model_flags
 
-    check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
-    provider = build_provider(args)  # opens and checks the data before the model is built
-    reporter = ctx = None
+    lock = claim_job_folder(args, is_master)  # before anything else is written there
+    provider = reporter = ctx = None
     try:
+        check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
+        provider = build_provider(args)  # opens and checks the data before the model is built
+        check_run_inputs(args, provider)
         model, optimizer = prepare_model_optimizer(args)
         state = RunState()
         load_checkpoint(args, model, state)
@@ -1260,6 +1316,8 @@ def _main(args):
             reporter.close()
         if hasattr(provider, "close"):
             provider.close()
+        if lock is not None:
+            lock.close()
     logger.info("Done: %d epochs, global step %d, %d samples", state.epoch, state.global_step,
                 state.global_data_samples)
     return state

@@ -194,6 +194,10 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
 
+    def check_shards(self):
+        for path in self.files:
+            check_hdf5_shard(path)
+
     def shard_path(self, index):
         return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]
 
