@@ -1,7 +1,7 @@
 """Bing BERT pretraining with DeepSpeed: the whole program, top to bottom.
 
 Parse and check arguments -> build the model and the DeepSpeed engine -> restore a
-checkpoint -> run epochs: train (the step loop), validate, checkpoint.
+checkpoint -> run epochs: train (the step loop), checkpoint, validate.
 
     deepspeed deepspeed_train.py --cf bert_config.json --deepspeed --deepspeed_config ds_config.json \
         --output_dir OUT --data_path_prefix DATA [--use_nvidia_dataset] ...
@@ -404,7 +404,8 @@ def save_run_files(args, folder):
     """The job config and the resolved arguments next to a checkpoint (rank 0), on disk."""
     os.makedirs(folder, exist_ok=True)
     plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
-    for name, content in (("job_config.json", args.config), ("args.json", plain), ("ds_config.json", args.ds_config)):
+    for name, content in (("job_config.json", args.config), ("args.json", plain),
+                          ("ds_config.json", args.ds_config)):
         _write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
 
 
@@ -478,15 +479,15 @@ def checkpoint_not_written(args, folder, error):
     """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
     folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
     logger.debug("Checkpoint write failed", exc_info=error)
+    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20  # as the failed write found it
     if master_process(args):
         shutil.rmtree(folder, ignore_errors=True)
-    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20
     complete = complete_tags(args.saved_model_path)
     reason = (str(error).strip().splitlines() or [""])[0]
+    newest = f"the newest complete checkpoint is {complete[-1]}" if complete else "no checkpoint yet"
     return CheckpointNotWritten(
         f"checkpoint {folder} could not be written ({type(error).__name__}: {reason}; {free_mib:.1f} MiB free "
-        f"there): removed it; {f'the newest complete checkpoint is {complete[-1]}' if complete else 'no checkpoint yet'}"
-        f", `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
+        f"there): removed it; {newest}, `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
 
 
 def _step_of(tag):
@@ -1022,7 +1023,8 @@ class StopSignals:
     def describe(self, code):
         """The stop reason of `code`, which may have come from another rank."""
         if code == self.LAUNCHER_GONE:
-            return f"stopped: the deepspeed launcher is gone ({self.reason if self.received == code else 'seen by another rank'})"
+            seen = self.reason if self.received == code else "seen by another rank"
+            return f"stopped: the deepspeed launcher is gone ({seen})"
         return f"stopped by {signal.Signals(code).name}"
 
 
