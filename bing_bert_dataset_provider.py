@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface
+from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingShard, VocabIndex,
                             epoch_sample_order, tokenize_shard)
@@ -136,12 +136,17 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         if not os.path.isdir(folder):
             raise InputFileNotFoundError(f"dataset folder {folder} (job config {key} under --data_path_prefix) "
                                     f"does not exist")
-        # Every sub-folder is a shard: a broken one fails with a message when its epoch opens it.
+        # Every sub-folder is a shard; check_shards() opens them all before the model is built.
         shards = [os.path.join(folder, d) for d in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, d))]
         if not shards:
             raise InputValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
                              f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
         return shards
+
+    def check_shards(self):
+        for folders in self.dataset_folders.values():
+            for folder in folders:
+                BingShard(folder)
 
     def shard_folder(self, dataset_type, index):
         folders = self.dataset_folders[dataset_type]
@@ -196,12 +201,13 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                                           masked_lm_prob=self.masked_lm_prob, mask_split=self.mask_split)
             loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
                                 sampler=range(skipped.count(int(dataset_type)), num_micro),
-                                num_workers=self.num_workers,
+                                num_workers=self.num_workers, worker_init_fn=ignore_stop_signals,
                                 # its own generator: creating the iterator must not draw from the
                                 # global torch RNG (dropout), or a resumed run would diverge
                                 generator=torch.Generator().manual_seed(self.seed + index))
-            self._iterators[int(dataset_type)] = _BatchIterator(
-                loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
+            with stop_signals_held():  # workers start here
+                self._iterators[int(dataset_type)] = _BatchIterator(
+                    loader, f"epoch {index} {dataset_type.name} shard {shard.name}")
         remaining = picker[start_batch:]
         logger.info("Epoch %d: %s; %d micro batches%s", index + 1,
                     ", ".join(f"{t.name} {os.path.basename(shards[t].name)} ({len(shards[t])} samples, "

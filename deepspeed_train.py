@@ -1,7 +1,7 @@
 """Bing BERT pretraining with DeepSpeed: the whole program, top to bottom.
 
 Parse and check arguments -> build the model and the DeepSpeed engine -> restore a
-checkpoint -> run epochs: train (the step loop), validate, checkpoint.
+checkpoint -> run epochs: train (the step loop), checkpoint, validate.
 
     deepspeed deepspeed_train.py --cf bert_config.json --deepspeed --deepspeed_config ds_config.json \
         --output_dir OUT --data_path_prefix DATA [--use_nvidia_dataset] ...
@@ -10,6 +10,7 @@ checkpoint -> run epochs: train (the step loop), validate, checkpoint.
 sets up a one-process group itself.
 """
 import dataclasses
+import fcntl
 import json
 import logging
 import math
@@ -20,7 +21,9 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
+import zipfile
 
 import numpy as np
 import torch
@@ -472,8 +475,17 @@ def prepare_model_optimizer(args):
 # A checkpoint folder OUT/saved_models/JOB/TAG is complete once COMPLETE_MARKER is in it; only
 # then does `latest` (written by us, atomically) name it. Tags: epoch{E}_step{S} after an
 # epoch, step{S} for interval and stop checkpoints (mid-epoch, with the position inside it).
+# Folders without markers (the original program's, DeepSpeed's own, copies) are resumed from
+# only when no complete checkpoint is beside them, and only once they load.
 
 COMPLETE_MARKER = "checkpoint_complete.json"
+ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
+CLIENT_STATE_KEYS = ("epoch", "last_global_step", "last_global_data_samples")
+
+
+class CheckpointNotWritten(StopTraining):
+    """A checkpoint could not be written (a full disk, ...): the run ends with one line; the
+    half-written folder is gone, the previous checkpoints and `latest` are as they were."""
 
 
 def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_data_samples, **kwargs):
@@ -524,46 +536,102 @@ def _barrier():
 
 
 def save_run_files(args, folder):
-    """The job config and the resolved arguments next to a checkpoint (rank 0)."""
+    """The job config and the resolved arguments next to a checkpoint (rank 0), on disk."""
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "job_config.json"), "w") as f:
-        json.dump(args.config, f, indent=2)
     plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
-    with open(os.path.join(folder, "args.json"), "w") as f:
-        json.dump(plain, f, indent=2, default=str)
-    with open(os.path.join(folder, "ds_config.json"), "w") as f:
-        json.dump(args.ds_config, f, indent=2)
+    for name, content in (("job_config.json", args.config), ("args.json", plain),
+                          ("ds_config.json", args.ds_config)):
+        _write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path, text):
+    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(os.path.dirname(path))
+
+
+def sync_folder(folder):
+    """fsync every file under `folder`, then the folders (so their new entries last too)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
 
 
 def save_checkpoint(args, model, state, tag):
-    """A complete checkpoint: engine + client state (with every rank's RNG), run files, the
-    completion marker, then `latest`; older interval checkpoints pruned (--keep_last_checkpoints)."""
+    """A complete checkpoint, or none. The engine's files (every rank takes part, with every
+    rank's RNG states in the client state) are fsync'ed by one rank per node, then rank 0
+    writes the run files and the completion marker, then `latest`; older interval checkpoints
+    are pruned (--keep_last_checkpoints).
+
+    A write that fails (a full disk) ends the run with CheckpointNotWritten: the half-written
+    folder is removed, the previous checkpoints and `latest` are untouched.
+    """
     folder = os.path.join(args.saved_model_path, tag)
+    is_master = master_process(args)
     logger.info("Saving checkpoint %s", folder)
-    checkpoint_model(args.saved_model_path, tag, model, **state.client_state(), rng_states=_all_ranks(rng_states()))
-    _barrier()
-    if master_process(args):
-        save_run_files(args, folder)
-        _write_atomic(os.path.join(folder, COMPLETE_MARKER),
-                      json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
-        _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+    try:
+        marker = os.path.join(folder, COMPLETE_MARKER)
+        if is_master and os.path.exists(marker):
+            os.remove(marker)  # written again under the same tag: incomplete until whole again
+        checkpoint_model(args.saved_model_path, tag, model, **state.client_state(),
+                         rng_states=_all_ranks(rng_states()))
+        _barrier()
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            sync_folder(folder)
+        _barrier()
+        if is_master:
+            save_run_files(args, folder)
+            _write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
+            _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+    except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
+        raise checkpoint_not_written(args, folder, e) from e
+    if is_master:
         prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
 
 
+def checkpoint_not_written(args, folder, error):
+    """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
+    folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
+    logger.debug("Checkpoint write failed", exc_info=error)
+    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20  # as the failed write found it
+    if master_process(args):
+        shutil.rmtree(folder, ignore_errors=True)
+    complete = complete_tags(args.saved_model_path)
+    reason = (str(error).strip().splitlines() or [""])[0]
+    newest = f"the newest complete checkpoint is {complete[-1]}" if complete else "no checkpoint yet"
+    return CheckpointNotWritten(
+        f"checkpoint {folder} could not be written ({type(error).__name__}: {reason}; {free_mib:.1f} MiB free "
+        f"there): removed it; {newest}, `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
+
+
 def _step_of(tag):
-    match = re.fullmatch(r"(?:epoch\d+_)?step(\d+)", tag)
+    match = re.fullmatch(r"(?:epoch\d+_)?(?:global_)?step(\d+)", tag)
     return int(match.group(1)) if match else -1
+
+
+def _tag_order(tag):
+    return _step_of(tag), tag.startswith("epoch")
 
 
 def complete_tags(path):
@@ -571,7 +639,40 @@ def complete_tags(path):
     if not os.path.isdir(path):
         return []
     tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
-    return sorted(tags, key=lambda t: (_step_of(t), t.startswith("epoch")))
+    return sorted(tags, key=_tag_order)
+
+
+def engine_tags(path):
+    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
+    if not os.path.isdir(path):
+        return []
+    tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
+            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
+    return sorted(tags, key=_tag_order)
+
+
+def holds_checkpoints(path):
+    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
+    return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
+
+
+def checkpoint_damage(folder):
+    """Why the checkpoint in `folder` cannot load, found without loading it; None when it looks
+    whole. A torch file is a zip archive whose directory sits at its end: cut short, it has none."""
+    names = sorted(os.listdir(folder))
+    if not any(n.endswith(ENGINE_FILE_SUFFIX) for n in names):
+        return f"no *{ENGINE_FILE_SUFFIX} file"
+    for name in (n for n in names if n.endswith(".pt")):
+        with open(os.path.join(folder, name), "rb") as f:
+            head = f.read(4)
+        if not head:
+            return f"{name} is empty"
+        if head == b"PK\x03\x04":  # torch's zip format (the legacy pickle format is left to the loader)
+            try:
+                zipfile.ZipFile(os.path.join(folder, name)).close()
+            except zipfile.BadZipFile:
+                return f"{name} is cut short or damaged"
+    return None
 
 
 def prune_interval_checkpoints(path, keep_last, keep):
@@ -585,34 +686,85 @@ def prune_interval_checkpoints(path, keep_last, keep):
             logger.info("Removed old interval checkpoint %s", tag)
 
 
-def resolve_checkpoint_tag(path, tag):
-    """The tag to load: `latest` reads the latest file; a tag whose folder is incomplete (killed
-    while writing) falls back to the newest complete one, with a warning."""
+def resume_candidates(path, tag, warn=logger.warning):
+    """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
+    'latest': the tag the latest file names, else the newest).
+
+    Where the folder holds complete checkpoints, only they count (a tag without the marker was
+    being written when its run died); a folder without any (written by the original program,
+    by DeepSpeed directly, or copied without the markers) offers every tag folder with engine
+    files. The tag asked for comes first; older ones follow as fall-backs. Tags whose files are
+    cut short are left out, with a warning; none left is an InputError.
+    """
     if not os.path.isdir(path):
         raise InputError(f"{path}: checkpoint folder not found (--load_training_checkpoint)")
+    complete = complete_tags(path)
+    pool = complete or engine_tags(path)
     if tag in (None, "latest"):
         latest = os.path.join(path, "latest")
-        if not os.path.isfile(latest):
-            raise InputError(f"{path}: no 'latest' file; give --load_checkpoint_id TAG "
-                             f"(tags there: {', '.join(sorted(os.listdir(path))) or 'none'})")
-        tag = open(latest).read().strip()
-    folder = os.path.join(path, tag)
-    if not os.path.isdir(folder):
+        if os.path.isfile(latest):
+            with open(latest) as f:
+                tag = f.read().strip()
+        elif pool:
+            tag = pool[-1]
+        else:
+            raise InputError(f"{path}: no checkpoint there (no 'latest' file, no tag folder with "
+                             f"*{ENGINE_FILE_SUFFIX}); give --load_checkpoint_id TAG or another folder")
+    elif not os.path.isdir(os.path.join(path, tag)):
         tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-        raise InputError(f"{folder}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
+        raise InputError(f"{os.path.join(path, tag)}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
                          f"tags there: {', '.join(tags) or 'none'}")
-    if not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):
-        complete = [t for t in complete_tags(path) if _step_of(t) <= _step_of(tag) or _step_of(tag) < 0]
-        has_engine_files = any(f.endswith("model_states.pt") for f in os.listdir(folder))
-        if complete:
-            logger.warning("Checkpoint %s is incomplete (no %s; killed while writing?): using %s instead",
-                           folder, COMPLETE_MARKER, complete[-1])
-            return complete[-1]
-        if not has_engine_files:
-            raise InputError(f"{folder}: incomplete checkpoint (no model states) and no complete one beside it")
-        logger.warning("Checkpoint %s has no %s (written by another tool?); loading it as it is",
-                       folder, COMPLETE_MARKER)
-    return tag
+    folder = os.path.join(path, tag)
+    if tag not in pool:
+        warn("Checkpoint %s is missing or incomplete (no %s: killed while writing?)", folder, COMPLETE_MARKER)
+    elif not complete:
+        warn("Checkpoint %s has no %s (written by the original program, by DeepSpeed directly, or copied "
+             "without it): resuming from it if it loads", folder, COMPLETE_MARKER)
+    candidates = ([tag] if tag in pool else []) + [
+        t for t in reversed(pool) if t != tag and (_tag_order(t) <= _tag_order(tag) or _step_of(tag) < 0)]
+    usable, damaged = [], []
+    for candidate in candidates:
+        damage = checkpoint_damage(os.path.join(path, candidate))
+        if damage is None:
+            usable.append(candidate)
+        else:
+            damaged.append(f"{candidate}: {damage}")
+            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
+    if not usable:
+        raise InputError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
+                         f"move the folder away to start fresh, or give another --job_name")
+    if usable[0] != tag:
+        warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
+    return usable
+
+
+def load_first_loadable(model, path, tag):
+    """Load the first of resume_candidates(path, tag) that the engine loads and whose client
+    state holds the run position; returns (tag, client state). Those that fail are warned about."""
+    failed = []
+    for candidate in resume_candidates(path, tag):
+        folder = os.path.join(path, candidate)
+        logger.info("Restoring checkpoint %s", folder)
+        check_checkpoint_fits(model, folder)  # another model size: one line, no fall-back
+        try:
+            _, client_state = model.network.load_checkpoint(path, candidate)
+        except Exception as e:  # noqa: BLE001 - torch and DeepSpeed raise many types for a file they cannot read
+            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        else:
+            missing = [k for k in CLIENT_STATE_KEYS if k not in (client_state or {})]
+            if client_state is None:
+                why = "DeepSpeed could not load it"
+            elif missing:
+                why = (f"its client state lacks {', '.join(missing)}: not written by this program or the "
+                       f"original Bing BERT")
+            else:
+                if failed:
+                    logger.warning("Resuming from %s instead of %s", folder, ", ".join(failed))
+                return candidate, client_state
+        failed.append(candidate)
+        logger.warning("Checkpoint %s does not load (%s)", folder, why)
+    raise InputError(f"{path}: no checkpoint there loads (tried {', '.join(failed)}; reasons above); move the "
+                     f"folder away to start fresh, or give another --job_name")
 
 
 def check_checkpoint_fits(model, folder):
@@ -684,15 +836,11 @@ def restore_run_state(args, state, saved, folder):
 
 
 def load_training_checkpoint(args, model, PATH, ckpt_id):
-    """Restore engine, optimizer, the session's run state and the RNG states from PATH/ckpt_id;
+    """Restore engine, optimizer, the session's run state and the RNG states from PATH/ckpt_id
+    (or, where that one does not load, the newest older checkpoint that does, with a warning);
     returns (epoch, last_global_step, last_global_data_samples) as the original did."""
-    ckpt_id = resolve_checkpoint_tag(PATH, ckpt_id)
+    ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
-    logger.info("Restoring checkpoint %s", folder)
-    check_checkpoint_fits(model, folder)
-    _, client_state = model.network.load_checkpoint(PATH, ckpt_id)
-    if client_state is None:
-        raise InputError(f"{folder}: DeepSpeed could not load this checkpoint")
     restore_run_state(args, model.session.state, RunState.from_client_state(client_state), folder)
     rank, world = get_rank_and_world()
     saved_rng = client_state.get("rng_states")
@@ -703,13 +851,20 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     return client_state["epoch"], client_state["last_global_step"], client_state["last_global_data_samples"]
 
 
+def resume_source(args):
+    """(folder, tag) the run resumes from, or (None, None) for a fresh start: --auto_resume takes
+    the run's own folder when it holds any checkpoint, else --load_training_checkpoint."""
+    if args.auto_resume and holds_checkpoints(args.saved_model_path):
+        return args.saved_model_path, "latest"
+    return args.load_training_checkpoint, args.load_checkpoint_id
+
+
 def load_checkpoint(args, model):
     """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
     --load_training_checkpoint/--load_checkpoint_id into the session's run state; returns the
     epoch to start at (0 without a checkpoint)."""
-    path, tag = args.load_training_checkpoint, args.load_checkpoint_id
-    if args.auto_resume and complete_tags(args.saved_model_path):
-        path, tag = args.saved_model_path, "latest"
+    path, tag = resume_source(args)
+    if args.auto_resume and path == args.saved_model_path:
         logger.info("--auto_resume: resuming from %s", path)
     elif args.auto_resume:
         logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
@@ -833,9 +988,15 @@ class Reporter:
         if state.global_step % 20 == 0:
             self.throughput(state.global_step)
 
-    def flush(self):
-        if not self.pending:
-            return
+    def flush(self, to_disk=False):
+        """Write pending step metrics; `to_disk`: also the TensorBoard file (before a checkpoint,
+        so that a disk the checkpoint fills up keeps this session's curves)."""
+        if self.pending:
+            self._write_pending()
+        if to_disk and self.writer is not None:
+            self.writer.flush()
+
+    def _write_pending(self):
         losses = torch.stack([p[3] for p in self.pending]).float().cpu().tolist()  # one sync
         for (step, samples, lr, _), loss in zip(self.pending, losses):
             report_step_metrics(self.args, lr, loss, step, samples, self.writer)
@@ -879,7 +1040,10 @@ class Reporter:
     def close(self):
         self.flush()
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as e:  # a full disk: what flush(to_disk=True) wrote before stays
+                logger.warning("TensorBoard: the last events could not be written (%s)", e)
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
@@ -940,12 +1104,16 @@ def build_provider(args):
 
 
 def open_validation_set(args):
-    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards."""
+    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards, read and
+    checked whole (also before the model is built, by check_run_inputs)."""
     path = os.path.join(args.validation_data_path_prefix,
                         _require(args.config, ["validation", "path"], args.config_file))
     if not os.path.isdir(path):
         raise InputError(f"{path}: validation folder not found (validation.path under "
                          f"--validation_data_path_prefix)")
+    if not os.listdir(path):
+        raise InputError(f"{path}: validation folder is empty; expected NVIDIA .hdf5 files or Bing shard "
+                         f"folders (validation.path under --validation_data_path_prefix)")
     hdf5 = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
     if hdf5:
         from torch.utils.data import ConcatDataset
@@ -958,6 +1126,52 @@ def open_validation_set(args):
     from turing.dataset import open_validation_dataset
 
     return open_validation_dataset(path, load_vocab(args.vocab_file), args)
+
+
+def check_run_inputs(args, provider):
+    """What the run will read, checked before the model is built, so that a bad path or file
+    costs seconds, not an epoch: the layout of every training shard, the validation set (read
+    whole), and the checkpoint a resume will load (there, and its files not cut short)."""
+    provider.check_shards()
+    if args.validation_data_path_prefix and not args.finetune:
+        open_validation_set(args)
+    path, tag = resume_source(args)
+    if path is not None:
+        resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
+
+
+def claim_job_folder(args, is_master):
+    """One run per OUT/saved_models/JOB at a time; returns the lock (an open file; the run
+    holds it until it closes it or ends, however it ends, as the OS then drops it), or None
+    on ranks other than 0.
+
+    A second run of the job, while one runs, stops here with the holder's pid and host. So does
+    a fresh run (neither --auto_resume nor --load_training_checkpoint) where checkpoints exist
+    already: it would write over them and mix its TensorBoard curves with theirs.
+    """
+    folder = args.saved_model_path
+    lock = None
+    if is_master:
+        lock_path = f"{folder}.lock"
+        lock = open(lock_path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown process"
+            lock.close()
+            raise InputError(f"{folder} is in use by another run ({holder}; lock {lock_path}); wait for it to "
+                             f"end, or give another --job_name or --output_dir") from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+    if not args.auto_resume and args.load_training_checkpoint is None and holds_checkpoints(folder):
+        if lock is not None:
+            lock.close()
+        raise InputError(f"{folder} already holds checkpoints ({', '.join(engine_tags(folder)[-3:]) or 'latest'}); "
+                         f"re-run with --auto_resume to continue that run, or give a new --job_name or "
+                         f"--output_dir for a new one")
+    return lock
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1033,34 +1247,117 @@ def agreed_step_count(local_count, device):
 
 
 class StopSignals:
-    """SIGTERM/SIGINT: the first asks for a checkpoint at the end of the current optimizer
-    step; a second one exits at once. Copies arriving within REPEAT_WINDOW seconds of the
-    first are the same request: a scheduler signalling the whole process group reaches a
-    rank twice, directly and through the deepspeed launcher, which forwards SIGTERM."""
+    """SIGTERM/SIGINT, and the end of the deepspeed launcher: the first asks for a checkpoint at
+    the end of the current optimizer step; a second signal exits at once. Copies arriving within
+    REPEAT_WINDOW seconds of the first are the same request: a scheduler signalling the whole
+    process group reaches a rank twice, directly and through the deepspeed launcher, which
+    forwards SIGTERM. (The data providers' helper processes ignore these signals, so that the
+    rank can finish its step and write the checkpoint with them.)"""
 
     REPEAT_WINDOW = 2.0
+    LAUNCHER_GONE = int(signal.SIGHUP)  # the code a stop for a vanished launcher goes by
 
     def __init__(self):
         self.received = None
         self.received_at = None
+        self.reason = None
         self._previous = {}
+        self._watch = None
 
     def install(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
+        if LauncherWatch.applies():
+            self._watch = LauncherWatch(self)
+            self._watch.start()
 
     def uninstall(self):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._watch is not None:
+            self._watch.stop()
 
     def _handle(self, signum, frame):
         if self.received is not None:
             if time.time() - self.received_at < self.REPEAT_WINDOW:
                 return
             os._exit(128 + signum)
-        self.received, self.received_at = signum, time.time()
-        logger.warning("Received %s: stopping after this optimizer step with a checkpoint "
-                       "(send it again to exit at once)", signal.Signals(signum).name)
+        self.request(signum, f"Received {signal.Signals(signum).name}")
+
+    def request(self, code, reason):
+        """Ask for a stop with a checkpoint (from a signal handler or the launcher watch)."""
+        if self.received is not None:
+            return
+        self.received, self.received_at, self.reason = code, time.time(), reason
+        logger.warning("%s: stopping after this optimizer step with a checkpoint (a signal sent again "
+                       "exits at once)", reason)
+
+    def describe(self, code):
+        """The stop reason of `code`, which may have come from another rank."""
+        if code == self.LAUNCHER_GONE:
+            seen = self.reason if self.received == code else "seen by another rank"
+            return f"stopped: the deepspeed launcher is gone ({seen})"
+        return f"stopped by {signal.Signals(code).name}"
+
+
+def _proc_parent(pid):
+    """The parent pid of process `pid`, read from /proc (Linux); None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class LauncherWatch(threading.Thread):
+    """Stops the rank (through StopSignals.request) once its launcher is gone.
+
+    The deepspeed command runs launch.py, which runs the ranks. Killed alone, the command exits
+    and leaves launch.py and the ranks training; launch.py killed with SIGKILL leaves the ranks.
+    This thread polls /proc once a second: when launch.py is no longer this rank's parent, or the
+    deepspeed command no longer launch.py's, it asks for a stop as SIGTERM does. It runs only
+    under launch.py; the command above it is watched only when it is deepspeed's runner (a shell
+    that ran launch.py itself may end without stopping the run).
+    """
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, signals):
+        super().__init__(name="LauncherWatch", daemon=True)
+        self.signals = signals
+        self.launch_pid = os.getppid()
+        runner = _proc_parent(self.launch_pid)
+        command = _proc_cmdline(runner) if runner else []
+        is_runner = ("deepspeed.launcher.runner" in command
+                     or any(os.path.basename(a) in ("deepspeed", "ds") for a in command[:2]))
+        self.runner_pid = runner if is_runner else None
+        self._done = threading.Event()
+
+    @staticmethod
+    def applies():
+        return any("deepspeed.launcher.launch" in a for a in _proc_cmdline(os.getppid()))
+
+    def run(self):
+        while not self._done.wait(self.POLL_SECONDS):
+            if os.getppid() != self.launch_pid:
+                gone = f"launch.py (pid {self.launch_pid}) has ended"
+            elif self.runner_pid is not None and _proc_parent(self.launch_pid) != self.runner_pid:
+                gone = f"the deepspeed command (pid {self.runner_pid}) has ended"
+            else:
+                continue
+            self.signals.request(StopSignals.LAUNCHER_GONE, gone)
+            return
+
+    def stop(self):
+        self._done.set()
 
 
 def step_checks(args, state, loss, signals, session_start, engine):
@@ -1155,14 +1452,14 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
         step_loss, data_wait = None, 0.0
         if signum:
             bar.close()
-            stop_with_checkpoint(args, model, state, reporter, ctx,
-                                 f"stopped by {signal.Signals(signum).name}", 128 + signum)
+            stop_with_checkpoint(args, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
         if over_time:
             stop = "time"
         elif is_time_to_exit(args, global_steps=state.global_step - state.restore_step):
             stop = "max_steps"
         if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
+            reporter.flush(to_disk=True)
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
         if stop:
             break
@@ -1201,7 +1498,7 @@ def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
 
 
 def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
-    reporter.flush()
+    reporter.flush(to_disk=True)
     folder = save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
     raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
                        f"(re-run with --auto_resume to continue)", exit_code)
@@ -1249,10 +1546,13 @@ class RunContext:
 
 
 def run(args, model, optimizer, start_epoch, provider=None):
-    """The epoch loop from epoch `start_epoch`: train, validate, checkpoint; a stop (--max_steps,
-    --max_train_hours) inside an epoch leaves a step{S} checkpoint that remembers the position in
-    the epoch. The session is `model.session`; without a `provider` (the original's call) run()
-    opens the job config's data itself and closes it at the end."""
+    """The epoch loop from epoch `start_epoch`: train, checkpoint, validate. The checkpoint comes
+    first, so that nothing failing after an epoch (validation included) costs the epoch. A stop
+    (--max_steps, --max_train_hours) inside an epoch leaves a step{S} checkpoint that remembers
+    the position in the epoch. Validation follows every epoch and a run's end by --max_steps or
+    --max_train_hours, once; a signal or non-finite stop ends the run without it. The session is
+    `model.session`; without a `provider` (the original's call) run() opens the job config's
+    data itself and closes it at the end."""
     if provider is None:
         provider = build_provider(args)
         try:
@@ -1270,12 +1570,13 @@ def run(args, model, optimizer, start_epoch, provider=None):
         started = time.time()
         stop = train(args, index, model, optimizer, provider)
         epoch_done = state.epoch == index + 1
-        if args.validation_data_path_prefix and not args.finetune and (epoch_done or stop == "time"):
-            pretrain_validation(args, index, model, reporter, state)
+        reporter.flush(to_disk=True)
         if epoch_done and (args.ckpt_to_save is None or state.epoch in args.ckpt_to_save):
             save_checkpoint(args, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
         elif stop is not None:
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+        if args.validation_data_path_prefix and not args.finetune:
+            pretrain_validation(args, index, model, reporter, state)
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
         if stop is not None:
             logger.warning("Stopping: %s reached at epoch %d, global step %d",
@@ -1312,10 +1613,12 @@ def _main(args):
         logger.info("Job config: %s", json.dumps(args.config))
     from turing.modeling import check_model_flags
 
-    check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
-    provider = build_provider(args)  # opens and checks the data before the model is built
-    session = None
+    lock = claim_job_folder(args, is_master)  # before anything else is written there
+    provider = session = None
     try:
+        check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
+        provider = build_provider(args)  # opens and checks the data before the model is built
+        check_run_inputs(args, provider)
         model, optimizer = prepare_model_optimizer(args)
         session = model.session
         start_epoch = load_checkpoint(args, model)
@@ -1328,6 +1631,8 @@ def _main(args):
             session.close()
         if hasattr(provider, "close"):
             provider.close()
+        if lock is not None:
+            lock.close()
     state = session.state
     logger.info("Done: %d epochs, global step %d, %d samples", state.epoch, state.global_step,
                 state.global_data_samples)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface
+from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from utils import get_rank_and_world
@@ -162,12 +162,14 @@ def _identity(batch):
 
 
 class _WorkerInit:
-    """Seeds numpy/random/torch of each DataLoader worker with seed + local_rank + worker_id."""
+    """Seeds numpy/random/torch of each DataLoader worker with seed + local_rank + worker_id;
+    the worker ignores stop signals (the rank handles them)."""
 
     def __init__(self, seed):
         self.seed = seed
 
     def __call__(self, worker_id):
+        ignore_stop_signals()
         seed = self.seed + worker_id
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -208,21 +210,22 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
         random.Random(args.seed).shuffle(self.files)
-        self._check_shards(args.config["training"].get("num_epochs", len(self.files)))
+        # check_shards() opens every shard this rank reads before the model is built.
+        self.num_epochs = args.config["training"].get("num_epochs", len(self.files))
         self._pool = None
         self._future = None          # (epoch, Future) of the shard being read in the background
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
 
-    def _check_shards(self, num_epochs):
+    def check_shards(self):
         """Layout, sequence length and size of every shard this rank reads in the run (cheap:
         no data is read), so a wrong or too small shard fails before any training."""
-        for path in dict.fromkeys(self.shard_path(epoch) for epoch in range(num_epochs)):
+        for path in dict.fromkeys(self.shard_path(epoch) for epoch in range(self.num_epochs)):
             samples = check_hdf5_shard(path, self.max_seq_length)
             if samples < self.micro_batch:
                 raise InputValueError(f"{path}: {samples} samples, fewer than the micro batch of {self.micro_batch}: "
-                                 f"an epoch on this shard would train 0 steps")
+                                      f"an epoch on this shard would train 0 steps")
 
     def shard_path(self, index):
         return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]
@@ -258,7 +261,8 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         )
         logger.info("Epoch %d: shard %s, %d samples, %d micro-batches from micro-batch %d", index + 1,
                     dataset.path, len(dataset), len(self._loader), start_batch)
-        return iter(self._loader), len(self._loader)
+        with stop_signals_held():  # workers start here
+            return iter(self._loader), len(self._loader)
 
     def release_shard(self, index):
         self._loader = None
@@ -266,8 +270,11 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
     def prefetch_shard(self, index):
         if self._pool is None:
             # spawn, not fork: the trainer holds threads (gloo, DataLoader) that fork would copy mid-state.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index), self.max_seq_length))
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=ignore_stop_signals)
+        with stop_signals_held():  # the pool's process starts at the first submit
+            self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index),
+                                                       self.max_seq_length))
 
     def get_batch(self, batch_iter):
         return batch_iter

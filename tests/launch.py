@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CFG = os.path.join(REPO, "configs", "tiny", "bert_config.json")
@@ -45,6 +46,24 @@ def launch(train_args, num_ranks=1, timeout=600):
                           text=True, timeout=timeout)
 
 
+def start(train_args, out_file):
+    """Start a launcher run in its own process group (as a shell job), output to a file."""
+    return subprocess.Popen(train_cmd(train_args), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_step(proc, out_file, step, timeout=300):
+    """Wait until a started run has logged optimizer step `step`; returns the last step logged."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = progress(open(out_file).read())
+        if rows and rows[-1][0] >= step:
+            return rows[-1][0]
+        assert proc.poll() is None, open(out_file).read()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
 def tiny_args(data_root, out, seq=128, *extra, nvidia=True):
     args = ["--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", str(out),
             "--data_path_prefix", str(data_root), "--max_seq_length", str(seq), "--max_predictions_per_seq", "20"]
@@ -70,14 +89,15 @@ def ds_config(tmp_path, **extra):
     return path
 
 
-def train_in_process(data_root, out, ds, *extra, cf=TINY_CFG):
-    """deepspeed_train.main in this process, NVIDIA provider, tiny config unless `cf` is given."""
+def train_in_process(data_root, out, ds, *extra, cf=TINY_CFG, nvidia=True):
+    """deepspeed_train.main in this process, NVIDIA provider (Bing with nvidia=False), tiny config
+    unless `cf` is given."""
     import deepspeed_train
 
     return deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds), "--output_dir", str(out),
                                  "--data_path_prefix", str(data_root), "--max_seq_length", "128",
-                                 "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "1",
-                                 "--log_level", "warning", *[str(x) for x in extra]])
+                                 "--max_predictions_per_seq", "20", *(["--use_nvidia_dataset"] if nvidia else []),
+                                 "--print_steps", "1", "--log_level", "warning", *[str(x) for x in extra]])
 
 
 def train_losses(out, job="tiny_bert"):

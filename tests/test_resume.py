@@ -81,15 +81,16 @@ def test_incomplete_checkpoint_falls_back_to_previous(tmp_path, caplog):
     path = tmp_path / "ckpts"
     for tag in ("step2", "step4"):
         (path / tag).mkdir(parents=True)
+        torch.save({}, path / tag / "mp_rank_00_model_states.pt")
         (path / tag / deepspeed_train.COMPLETE_MARKER).write_text("{}")
     (path / "step6").mkdir()
     (path / "step6" / "mp_rank_00_model_states.pt").write_bytes(b"half written")
     (path / "latest").write_text("step6")
     assert deepspeed_train.complete_tags(str(path)) == ["step2", "step4"]
-    assert deepspeed_train.resolve_checkpoint_tag(str(path), "latest") == "step4"
-    assert "incomplete" in caplog.text and "step4" in caplog.text
+    assert deepspeed_train.resume_candidates(str(path), "latest") == ["step4", "step2"]
+    assert "incomplete" in caplog.text and "Resuming from" in caplog.text and "step4" in caplog.text
     with pytest.raises(deepspeed_train.InputError, match="checkpoint tag 'step9' not found.*step2, step4, step6"):
-        deepspeed_train.resolve_checkpoint_tag(str(path), "step9")
+        deepspeed_train.resume_candidates(str(path), "step9")
 
 
 def _poisoned_forward(bad_calls):

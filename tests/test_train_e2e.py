@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.launch import launch, progress, tiny_args
+from tests.launch import launch, progress, start, tiny_args, wait_for_step
 from tests.synthetic import make_data_root
 from turing.tb_events import read_run
 
@@ -101,29 +101,6 @@ def test_missing_checkpoint_tag_is_one_line_error(phase1, data_root, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def _start(train_args, out_file):
-    """Start a launcher run in its own process group, output to a file."""
-    import subprocess
-
-    from tests.launch import REPO, launch_env, train_cmd
-
-    return subprocess.Popen(train_cmd(train_args), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait_for_step(proc, out_file, step, timeout=300):
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        rows = progress(open(out_file).read())
-        if rows and rows[-1][0] >= step:
-            return rows[-1][0]
-        assert proc.poll() is None, open(out_file).read()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
-
-
 def test_sigkill_then_auto_resume_reproduces_the_uninterrupted_losses(phase1, data_root, tmp_path):
     import signal
 
@@ -131,8 +108,8 @@ def test_sigkill_then_auto_resume_reproduces_the_uninterrupted_losses(phase1, da
     reference = {step: loss for step, loss, _, _ in progress(reference_log)}
     args = tiny_args(data_root, tmp_path / "out", 128, "--print_steps", 1, "--checkpoint_every_steps", 10,
                      "--auto_resume", "--validation_data_path_prefix", os.path.join(data_root, "nvidia", "128"))
-    proc = _start(args, tmp_path / "killed.log")
-    _wait_for_step(proc, tmp_path / "killed.log", 25)
+    proc = start(args, tmp_path / "killed.log")
+    wait_for_step(proc, tmp_path / "killed.log", 25)
     os.killpg(proc.pid, signal.SIGKILL)       # no chance to clean up, like a lost node
     proc.wait()
     latest = open(tmp_path / "out" / "saved_models" / "tiny_bert" / "latest").read()
@@ -151,8 +128,8 @@ def test_sigterm_writes_a_checkpoint_and_exits_nonzero(data_root, tmp_path):
     args = tiny_args(data_root, tmp_path / "out", 128, "--print_steps", 1)
     import time
 
-    proc = _start(args, tmp_path / "run.log")
-    _wait_for_step(proc, tmp_path / "run.log", 3)
+    proc = start(args, tmp_path / "run.log")
+    wait_for_step(proc, tmp_path / "run.log", 3)
     # As a scheduler does: SIGTERM to the whole job (launcher and rank; the launcher forwards it too)
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=120) != 0
