@@ -1617,6 +1617,7 @@ def _main(args):
     provider = session = None
     try:
         check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
+        _check_optimizer_support(args.ds_config, args.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
         check_run_inputs(args, provider)
         model, optimizer = prepare_model_optimizer(args)
