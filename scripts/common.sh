@@ -13,6 +13,8 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 launcher=(deepspeed)
 if [ -n "${HOSTFILE:-}" ]; then launcher+=(--hostfile "$HOSTFILE"); fi
+# LAUNCHER_ARGS: more launcher flags, e.g. "--launcher openmpi" for the MPI variants of the 1-bit scripts
+if [ -n "${LAUNCHER_ARGS:-}" ]; then read -r -a extra_launcher_args <<< "$LAUNCHER_ARGS"; launcher+=("${extra_launcher_args[@]}"); fi
 # The original's scripts use DeepSpeed's fused transformer kernel (CUDA only);
 # TRANSFORMER_KERNEL=0 runs the same recipe on this project's own layers.
 kernel=(--deepspeed_transformer_kernel)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # BERT-large with 1-bit Adam (NCCL backend): seq 128, batch 4K (configs/bert_large.json,
 # configs/deepspeed_bsz4k_onebitadam_config_seq128.json). Needs CUDA and cupy; for MPI set the
-# config's comm_backend_name to "mpi" and add --deepspeed_mpi (see the README table). Usage:
+# config's comm_backend_name to "mpi" and set LAUNCHER_ARGS="--launcher openmpi" (README). Usage:
 #   [HOSTFILE=hostfile] bash scripts/ds_train_bert_onebitadam_bsz4k_seq128.sh DATA_DIR OUT_DIR [extra flags]
 set -euo pipefail
 DATA=${1:?data folder}

@@ -36,7 +36,8 @@ def script_command(tmp_path, script, data, out, *extra, **env):
     (stub / "deepspeed").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$PWD" "$@" > "$ARGV_FILE"\n')
     (stub / "deepspeed").chmod(0o755)
     record = tmp_path / "argv.txt"
-    env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "ARGV_FILE": str(record), **env}
+    env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "ARGV_FILE": str(record),
+           "HOSTFILE": "", "LAUNCHER_ARGS": "", **env}
     subprocess.run(["bash", os.path.join(SCRIPTS, script), str(data), str(out), *map(str, extra)],
                    env=env, check=True, capture_output=True, text=True)
     cwd, program, *flags = record.read_text().splitlines()

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from turing.errors import InputValueError
+
 logger = logging.getLogger(__name__)
 
 MODES = ("dense", "fixed", "variable", "bigbird", "bslongformer")

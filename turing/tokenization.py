@@ -25,6 +25,7 @@ import unicodedata
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from turing.errors import InputFileNotFoundError, InputValueError
+
 logger = logging.getLogger(__name__)
 
 UNK = "[UNK]"
