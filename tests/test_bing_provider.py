@@ -424,7 +424,7 @@ def test_launcher_two_ranks_with_the_bing_provider_and_async_worker(tmp_path):
     assert rows[-1][3] == 6 * 2 * 16
     assert rows[-1][1] < rows[0][1]
     assert "WIKIPEDIA shard_001" in log and "BOOK_CORPUS shard_001" in log
-    assert log.count("Validation epoch") == 1   # after epoch 1; epoch 2 stops midway, unvalidated
+    assert log.count("Validation epoch") == 2   # after epoch 1, and once at the --max_steps end
     assert "did not stop" not in log
     saved = os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")
     assert {"epoch1_step4", "step6"} <= set(saved)   # the stop's checkpoint keeps the position in epoch 2
