@@ -4,8 +4,10 @@ already (refused without --overwrite, never overwritten silently)."""
 import json
 import logging
 import os
+import struct
 
 import pytest
+from tensorboardX.record_writer import masked_crc32c
 
 import deepspeed_train
 from tests.launch import TINY_CFG, ds_config
@@ -56,8 +58,15 @@ def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, cap
     assert expected in one_error_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("garbage", [b"hello, this is no event file\n" * 40, bytes(range(256)) * 20],
-                         ids=["text", "binary"])
+def damaged_record():
+    """A record whose header (length and its checksum) is right but whose data is no Event."""
+    data = b"\xff" * 20
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+@pytest.mark.parametrize("garbage", [b"hello, this is no event file\n" * 40, bytes(range(256)) * 20, damaged_record()],
+                         ids=["text", "binary", "damaged_record"])
 def test_plot_of_a_garbage_events_file_is_one_line(tmp_path, capsys, garbage):
     run = tmp_path / "runs" / "job"
     run.mkdir(parents=True)

@@ -1227,7 +1227,7 @@ class WorkerPool:
 
     def next_result(self, check_stop):
         """The result of the oldest chunk not yet returned; `check_stop()` runs every 0.2 s."""
-        process, _, results = self.workers[self.received % len(self.workers)]
+        _, _, results = self.workers[self.received % len(self.workers)]
         sentinels = [p.sentinel for p, _, _ in self.workers]
         while True:
             check_stop()

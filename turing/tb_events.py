@@ -34,7 +34,8 @@ def iter_events(path):
             try:
                 event.ParseFromString(data)
             except DecodeError:
-                raise ValueError(f"{path}: not a TensorBoard event file (record at byte {offset} is no event)") from None
+                raise ValueError(f"{path}: not a TensorBoard event file (the record at byte {offset} "
+                                 f"is no event)") from None
             yield event
 
 
