@@ -373,7 +373,8 @@ def load_pretrained_weights(args, network):
     a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
     be missing (an export drops them); they keep their fresh initialisation. Files are read
     with torch.load(weights_only=True) and never unpickled beyond that."""
-    from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_hf_folder
+    from turing.hf_convert import (HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_error_detail,
+                                   load_hf_folder)
 
     name = args.config.get("bert_model_file") or ""
     path = next((p for p in (name, os.path.join(args.data_path_prefix, name)) if name and os.path.exists(p)), None)
@@ -388,7 +389,7 @@ def load_pretrained_weights(args, network):
         try:
             state_dict = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several types for a file it cannot read
-            raise InputError(f"{path}: not a torch state dict ({e})") from None
+            raise InputError(f"{path}: not a torch state dict ({load_error_detail(path, e)})") from None
         state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
         if not isinstance(state_dict, dict):
             raise InputError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")

@@ -203,6 +203,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.local_rank = max(args.local_rank, 0)
         self.seed = args.seed
         self.micro_batch = args.train_micro_batch_size_per_gpu
+        self.grad_accum = getattr(args, "gradient_accumulation_steps", 1)
         self.num_workers = int(args.config["training"].get("num_workers", 0))
         self.vocab_size = getattr(args, "vocab_size", None)
         self.max_seq_length = getattr(args, "max_seq_length", None)
@@ -223,9 +224,10 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         no data is read), so a wrong or too small shard fails before any training."""
         for path in dict.fromkeys(self.shard_path(epoch) for epoch in range(self.num_epochs)):
             samples = check_hdf5_shard(path, self.max_seq_length)
-            if samples < self.micro_batch:
-                raise InputValueError(f"{path}: {samples} samples, fewer than the micro batch of {self.micro_batch}: "
-                                      f"an epoch on this shard would train 0 steps")
+            if samples < self.micro_batch * self.grad_accum:
+                raise InputValueError(f"{path}: {samples} samples, fewer than the micro batch of {self.micro_batch} x "
+                                      f"{self.grad_accum} gradient accumulation steps: an epoch on this shard "
+                                      f"would train 0 steps")
 
     def shard_path(self, index):
         return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]

@@ -83,7 +83,7 @@ def test_validation_loss_is_the_models_loss_over_the_validation_set(data_root, t
     model = plain_model_from_checkpoint(tmp_path / "out").eval()            # the weights after epoch 2
     args = SimpleNamespace(validation_data_path_prefix=valid, config=json.load(open(TINY_CFG)),
                            config_file=TINY_CFG, vocab_size=model.config.vocab_size,
-                           train_micro_batch_size_per_gpu=16, seed=0)
+                           train_micro_batch_size_per_gpu=16, seed=0, max_seq_length=128)
     loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)
     with torch.no_grad():
         losses = [model(batch).item() for batch in loader]

@@ -12,6 +12,9 @@ It loads offline with `transformers`' own classes:
     model = AutoModelForMaskedLM.from_pretrained("hf_model")
     tokenizer = AutoTokenizer.from_pretrained("hf_model")
 
+A non-empty --output_dir (another model's README.md or config.json, say) is refused unless
+--overwrite, which replaces the files the export writes and leaves the others, with a warning.
+
 Everything needed comes from the checkpoint: the weights, the job config and the resolved
 arguments saved next to them (vocab file, lower-casing). `--cf` is a fallback for checkpoints
 without those files, or whose vocab file has moved. Before writing, the exported model is run
@@ -23,6 +26,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 
 if __package__ in (None, ""):
     # Run as a script (python tools/export_hf.py): make the repository importable.
@@ -55,6 +59,8 @@ def build_parser():
     parser.add_argument("--cf", "--config-file", dest="config_file", default=None,
                         help="job config (bert_config.json), used when the checkpoint lacks job_config.json "
                              "or its vocab file has moved")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output_dir, replacing the files the export writes there")
     parser.add_argument("--no_verify", action="store_true",
                         help="skip running both models on a test batch before writing")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -196,12 +202,26 @@ What differs from the training checkpoint:
 """
 
 
-def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True):
+def check_output_dir(output_dir, overwrite):
+    """Refuse a non-empty --output_dir (it may hold another model's README.md or config.json)
+    unless --overwrite; returns what is there already."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ExportError(f"--output_dir {output_dir} exists and is not a folder")
+    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    if present and not overwrite:
+        raise ExportError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
+                          f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace the export's "
+                          "files there, or give an empty or new folder")
+    return present
+
+
+def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False):
     """Write the Hugging Face folder; returns a dict summarising what was written."""
     try:
         from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM
     except ImportError as e:
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
+    present = check_output_dir(output_dir, overwrite)
 
     tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
     state_dict, job_config, run_args = load_checkpoint_state(checkpoint_dir, tag)
@@ -236,20 +256,29 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True):
     if diff is not None:
         logger.info("Exported model matches ours: max MLM score difference %.3g", diff)
 
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ExportError(f"--output_dir {output_dir} exists and is not a folder")
+    # Written in a staging folder first, then moved in: the names replaced are exactly the export's.
     os.makedirs(output_dir, exist_ok=True)
-    hf_model.save_pretrained(output_dir)
-    write_tokenizer_files(output_dir, vocab_file, do_lower_case, config.max_position_embeddings)
-    shift = ids["pad"] + 1
-    with open(os.path.join(output_dir, "README.md"), "w", encoding="utf-8") as f:
-        f.write(README.format(
-            name=(job_config or {}).get("name", "bing_bert"), checkpoint=tag_dir, folder=output_dir,
-            architecture=HF_ARCHITECTURE, diff="skipped" if diff is None else f"{diff:.2g}", shift=shift,
-            hf_positions=config.max_position_embeddings + shift, positions=config.max_position_embeddings,
-            vocab_real=vocab_real, vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size,
-            lower=do_lower_case))
+    staging = tempfile.mkdtemp(prefix=".export_hf.", dir=output_dir)
+    try:
+        hf_model.save_pretrained(staging)
+        write_tokenizer_files(staging, vocab_file, do_lower_case, config.max_position_embeddings)
+        shift = ids["pad"] + 1
+        with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
+            f.write(README.format(
+                name=(job_config or {}).get("name", "bing_bert"), checkpoint=tag_dir, folder=output_dir,
+                architecture=HF_ARCHITECTURE, diff="skipped" if diff is None else f"{diff:.2g}", shift=shift,
+                hf_positions=config.max_position_embeddings + shift, positions=config.max_position_embeddings,
+                vocab_real=vocab_real, vocab_dropped=config.vocab_size - vocab_real,
+                vocab_padded=config.vocab_size, lower=do_lower_case))
+        written = sorted(os.listdir(staging))
+        for name in written:
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     logger.info("Wrote %s (dropped: %s)", output_dir, ", ".join(HF_MISSING_KEYS))
+    kept = [name for name in present if name not in written]
+    if kept:
+        logger.warning("%s: left in place, not written by this export: %s", output_dir, ", ".join(kept))
     return {"checkpoint": tag_dir, "output_dir": output_dir, "vocab_file": vocab_file,
             "vocab_size": vocab_real, "max_abs_diff": diff, "do_lower_case": do_lower_case}
 
@@ -259,7 +288,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         summary = export(args.checkpoint_dir, args.output_dir, args.tag, args.config_file,
-                         check=not args.no_verify)
+                         check=not args.no_verify, overwrite=args.overwrite)
     except (ValueError, OSError) as e:
         if args.debug:
             raise

@@ -6,7 +6,10 @@ Owns the data preparation pipeline, importable (`prepare(args)`) and a command l
         --build_vocab 8000 --max_seq_length 128 --num_shards 2 --validation_fraction 0.05
 
 Input: text files (or folders of .txt files), one sentence per line, a blank line between
-documents, the format Google's and NVIDIA's BERT tools read.
+documents, the format Google's and NVIDIA's BERT tools read. The text must be UTF-8: a file
+with other bytes (Latin-1, say) is refused naming its line, and a binary file (a NUL byte) is
+refused, rather than decoded with losses. A document longer than --chunk_size_mb (text without
+blank lines is one document) is cut into pieces of that size, with a warning and counts.
 
 Output folder:
     OUT/vocab.txt                          the vocab the shards were made with
@@ -27,7 +30,9 @@ shards (hdf5 chunks are deflated by a few threads meanwhile), so shard sizes dif
 most one, memory does not grow with the corpus, and the output depends only on the input
 and --seed, never on --workers (the files are byte-identical). Every file is written
 under a temporary folder and renamed into place at the end, so a crash never leaves a
-half-written shard under a final name.
+half-written shard under a final name. A worker that dies (the out-of-memory killer) ends the
+run at once with an error; SIGTERM/SIGINT stop the workers and remove the temporary folder.
+train/ and validation/ end up holding only this run's shards: anything else there is refused.
 
 The shards are a function of the input, the vocab and --seed. One caveat: --build_vocab uses
 the `tokenizers` WordPiece trainer, which breaks ties between equally frequent merges in
@@ -46,11 +51,13 @@ import itertools
 import logging
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import random
 import re
 import resource
 import shutil
+import signal
 import sys
 import time
 import unicodedata
@@ -163,6 +170,7 @@ def list_input_files(paths, exclude=None):
     """The input files in order: each file as given, each folder's .txt files sorted (recursive).
 
     Files under the folder `exclude` (the output folder, whose vocab.txt is no input) are skipped.
+    A binary file (a NUL byte in its first 64 KB) is refused.
     """
     files = []
     skip = os.path.join(os.path.realpath(exclude), "") if exclude else None
@@ -179,28 +187,106 @@ def list_input_files(paths, exclude=None):
             files.extend(found)
         else:
             raise InputNotFoundError(f"--input {path}: no such file or folder")
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+        if b"\0" in head:
+            raise PrepareDataError(f"{path}: binary data (a NUL byte at offset {head.index(0)}), not text; "
+                                   "give UTF-8 text files only")
     return files
 
 
-def iter_documents(files):
-    """Yield (document, bytes read) per document: a list of its non-blank lines (sentences).
+def decode_line(raw, path, line_number):
+    """A line of input as text. Input must be UTF-8: any other bytes are refused by file and
+    line (decoding them anyway would silently turn accented letters into [UNK])."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PrepareDataError(f"{path}: line {line_number} is not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                               f"{e.start + 1}); convert the file first, e.g. iconv -f latin1 -t utf-8") from None
 
-    A blank line ends a document, and so does the end of a file. `bytes read` is the input
-    consumed since the previous yield, for the progress bar.
-    """
+
+def first_non_utf8(files):
+    """The PrepareDataError of the first line of `files` that is not UTF-8, or None."""
     for path in files:
-        doc, consumed = [], 0
         with open(path, "rb") as f:
-            for raw in f:
-                consumed += len(raw)
-                line = raw.decode("utf-8", errors="replace").strip()
-                if line:
-                    doc.append(line)
-                elif doc:
-                    yield doc, consumed
-                    doc, consumed = [], 0
-        if doc or consumed:
-            yield doc, consumed
+            for number, raw in enumerate(f, start=1):
+                try:
+                    decode_line(raw, path, number)
+                except PrepareDataError as e:
+                    return e
+    return None
+
+
+class DocumentReader:
+    """The documents of the input files, in order (iterate over it), and counts of what was read.
+
+    A document is a run of non-blank lines (its sentences), ended by a blank line or the end of
+    its file. A document reaching `max_document_bytes` of text is cut there, at a line end, and
+    goes on as another one: a worker's memory then stays bounded whatever the input (text with
+    no blank lines is one document). Cut documents are warned about when met, and counted.
+    """
+
+    def __init__(self, files, max_document_bytes=None):
+        self.files, self.max_document_bytes = files, max_document_bytes
+        self.documents = 0               # documents read (a cut one counts once)
+        self.cut = 0                     # documents cut into pieces
+        self.pieces = 0                  # the pieces they became
+        self.longest = (0, 0, "")        # (text bytes, lines, file:line) of the longest cut one
+
+    def __iter__(self):
+        """Yield (document, bytes read): a list of non-blank lines, and the input consumed since
+        the previous yield (for the progress bar); the document may be empty."""
+        for path in self.files:
+            lines, consumed = [], 0
+            size = count = pieces = start = 0       # of the open document: text bytes, lines, cuts, first line
+            with open(path, "rb") as f:
+                for number, raw in enumerate(f, start=1):
+                    consumed += len(raw)
+                    line = decode_line(raw, path, number).strip()
+                    if not line:
+                        if lines or pieces:
+                            self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
+                            yield lines, consumed
+                            lines, consumed, size, count, pieces = [], 0, 0, 0, 0
+                        continue
+                    if not lines and not pieces:
+                        start = number
+                    lines.append(line)
+                    size += len(line)
+                    count += 1
+                    if self.max_document_bytes and size >= (pieces + 1) * self.max_document_bytes:
+                        if not pieces:
+                            logger.warning("%s:%d: a document of more than %.2f MB of text (--chunk_size_mb): cut "
+                                           "into pieces of that size. Are blank lines between documents missing?",
+                                           path, start, self.max_document_bytes / 2**20)
+                        pieces += 1
+                        yield lines, consumed
+                        lines, consumed = [], 0
+            if lines or pieces:
+                self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
+            if lines or consumed:
+                yield lines, consumed
+
+    def _ended(self, size, count, pieces, where):
+        self.documents += 1
+        if pieces > 1:
+            self.cut += 1
+            self.pieces += pieces
+            self.longest = max(self.longest, (size, count, where))
+
+    def warnings(self):
+        """Lines to warn about once everything is read: cut documents, and a single document."""
+        out = []
+        if self.cut:
+            size, count, where = self.longest
+            out.append(f"{self.cut} document(s) longer than --chunk_size_mb were cut into {self.pieces} pieces "
+                       f"(the longest: {size / 2**20:.1f} MB, {count} lines, from {where}); random next sentences "
+                       f"of a piece mostly come from that piece. Separate documents by blank lines.")
+        if self.documents == 1:
+            out.append("the input is a single document (no blank line between documents): next-sentence "
+                       "prediction's random sentences all come from that document")
+        return out
 
 
 def is_validation_document(index, fraction):
@@ -211,8 +297,8 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(files, chunk_bytes, validation_fraction):
-    """Group documents into chunks of about `chunk_bytes` of text, per set.
+def iter_chunks(documents, chunk_bytes, validation_fraction):
+    """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers.
@@ -220,7 +306,7 @@ def iter_chunks(files, chunk_bytes, validation_fraction):
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
     index = 0
-    for doc, nbytes in iter_documents(files):
+    for doc, nbytes in documents:
         consumed += nbytes
         if not doc:
             continue
@@ -255,7 +341,13 @@ def train_vocab(files, vocab_size, do_lower_case, path):
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                         continuing_subword_prefix="##", show_progress=False)
-    tokenizer.train(files, trainer)
+    try:
+        tokenizer.train(files, trainer)
+    except Exception:  # the Rust trainer raises a bare Exception; name the file and line if it is the text
+        error = first_non_utf8(files)
+        if error is not None:
+            raise error from None
+        raise
     tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for token, _ in tokens:
@@ -649,16 +741,20 @@ class ChunkProcessor:
         return stats, arrays, np.bincount(residue, minlength=num_shards).tolist()
 
 
-_worker_processor = None   # the pool worker's ChunkProcessor, set by _init_worker
-
-
-def _init_worker(settings, tokenizer, tokens_by_id):
-    global _worker_processor
-    _worker_processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
-
-
-def _run_chunk(*task):
-    return _worker_processor(*task)
+def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
+    """A pool worker: turns the chunks from `tasks` (a queue; None ends) into results sent on
+    `results` (a pipe), in order, as (True, result) or (False, exception)."""
+    # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
+    # stops the workers and removes its temporary folder.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
+    for task in iter(tasks.get, None):
+        try:
+            outcome = (True, processor(*task))
+        except Exception as e:  # noqa: BLE001 - re-raised in the main process
+            outcome = (False, e)
+        results.send(outcome)
 
 
 # ----------------------------------------------------------------------------- writers
@@ -937,10 +1033,19 @@ def validate_args(args):
 
 
 def check_output_dir(args):
-    """Refuse to mix with an earlier run's shards unless --overwrite."""
+    """Refuse to mix with an earlier run's shards unless --overwrite, and refuse anything else
+    in train/ and validation/ (training reads those folders whole: a foreign *training* file or
+    sub-folder there would be read as a shard); so the sets hold only what this run writes."""
     out = args.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise PrepareDataError(f"--output_dir {out}: exists and is not a folder")
+    for sub in (TRAIN, VALIDATION):
+        folder = os.path.join(out, sub)
+        foreign = sorted(set(os.listdir(folder)) - set(existing_shards(folder))) if os.path.isdir(folder) else []
+        if foreign:
+            raise PrepareDataError(f"--output_dir {out}: {sub}/{foreign[0]} was not written by prepare_data "
+                                   f"({len(foreign)} such entr{'y' if len(foreign) == 1 else 'ies'} in {sub}/, "
+                                   "which training reads whole); move them away or use another --output_dir")
     if args.overwrite:
         return
     found = [os.path.join(sub, name) for sub in (TRAIN, VALIDATION)
@@ -960,8 +1065,10 @@ def _same_file(a, b):
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
-def prepare(args):
-    """Run the whole pipeline for parsed `args`; returns a Summary. Raises PrepareDataError."""
+def prepare(args, signals=None):
+    """Run the whole pipeline for parsed `args`; returns a Summary. Raises PrepareDataError, or
+    StopRequested once `signals` (a StopSignals, installed by the caller) received one."""
+    signals = signals or StopSignals()
     start = time.perf_counter()
     validate_args(args)
     files = list_input_files(args.input, exclude=args.output_dir)
@@ -1001,7 +1108,7 @@ def prepare(args):
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
         if args.workers > 1:
-            pool = _start_pool(args.workers, settings, tokenizer, tokens_by_id)
+            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id)
         processor = None if pool else ChunkProcessor(settings, tokenizer, tokens_by_id)
         # Threads that deflate hdf5 chunks (zlib releases the GIL), beside the workers.
         deflater = ThreadPoolExecutor(max(2, args.workers), thread_name_prefix="deflate")
@@ -1015,11 +1122,12 @@ def prepare(args):
                                         shards, settings, prefix, compress)
             summary.sets[name] = SetStats()
 
+        chunk_bytes = int(args.chunk_size_mb * 2**20)
+        documents = DocumentReader(files, max_document_bytes=chunk_bytes)
         chunks = ((name, index, docs, len(shard_sets[name].writers), nbytes)
-                  for name, index, docs, nbytes in iter_chunks(files, int(args.chunk_size_mb * 2**20),
-                                                                args.validation_fraction))
+                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction))
         for name, (stats, arrays, group_sizes), nbytes in _ordered_results(
-                chunks, pool, processor, args.workers, summary.input_bytes):
+                chunks, pool, processor, args.workers, summary.input_bytes, signals.check):
             total = summary.sets[name]
             for key in ("documents", "sentences", "tokens", "unk_tokens", "sequences"):
                 setattr(total, key, getattr(total, key) + getattr(stats, key))
@@ -1027,8 +1135,9 @@ def prepare(args):
                 shard_sets[name].add(arrays, group_sizes)
         if pool:
             pool.close()
-            pool.join()
             pool = None
+        for warning in documents.warnings():
+            logger.warning("%s", warning)
 
         _finish_sets(summary, shard_sets, args.input)
         _install(out, tmp, vocab_file, shard_sets)
@@ -1039,7 +1148,6 @@ def prepare(args):
     finally:
         if pool:
             pool.terminate()
-            pool.join()
         if deflater:
             deflater.shutdown(cancel_futures=True)
         for shard_set in shard_sets.values():
@@ -1084,27 +1192,104 @@ def _peak_rss_mb(who):
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def _start_pool(workers, settings, tokenizer, tokens_by_id):
-    """A pool whose workers each hold a ChunkProcessor (forked where possible: no re-import)."""
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
-    # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        return ctx.Pool(workers, initializer=_init_worker, initargs=(settings, tokenizer, tokens_by_id))
-    finally:
-        if saved is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
+class WorkerPool:
+    """--workers processes, each holding a ChunkProcessor (forked where possible: no re-import).
+
+    Chunk k goes to worker k mod N, and each worker answers on a pipe of its own, so the
+    results come back in order. The pipe's only writer is its worker: a worker that dies (the
+    out-of-memory killer, a signal), even in the middle of sending, is seen at once and the
+    wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
+    waits for its lost task forever.
+    """
+
+    def __init__(self, workers, settings, tokenizer, tokens_by_id):
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
+        # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        self.workers = []            # (process, task queue, result pipe)
+        try:
+            for _ in range(workers):
+                tasks = ctx.Queue()
+                results, results_end = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_worker_main, daemon=True,
+                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id))
+                process.start()
+                results_end.close()  # the worker holds the only writing end
+                self.workers.append((process, tasks, results))
+        finally:
+            if saved is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+        self.submitted = 0
+        self.received = 0
+
+    def submit(self, *task):
+        """Queue the next chunk (never blocks: the queue has a feeder thread)."""
+        self.workers[self.submitted % len(self.workers)][1].put(task)
+        self.submitted += 1
+
+    def next_result(self, check_stop):
+        """The result of the oldest chunk not yet returned; `check_stop()` runs every 0.2 s."""
+        _, _, results = self.workers[self.received % len(self.workers)]
+        sentinels = [p.sentinel for p, _, _ in self.workers]
+        while True:
+            check_stop()
+            ready = multiprocessing.connection.wait([results] + sentinels, timeout=0.2)
+            if results in ready:
+                try:
+                    ok, value = results.recv()
+                except (EOFError, OSError):   # the worker died while sending
+                    raise PrepareDataError(self._how_workers_ended()) from None
+                break
+            if ready:
+                raise PrepareDataError(self._how_workers_ended())
+        self.received += 1
+        if not ok:
+            raise value
+        return value
+
+    def _how_workers_ended(self):
+        ended = []
+        dead = multiprocessing.connection.wait([p.sentinel for p, _, _ in self.workers], timeout=1)
+        for p, _, _ in self.workers:
+            if p.sentinel in dead:
+                p.join()
+                ended.append(f"worker process {p.pid} " + (f"killed by {signal.Signals(-p.exitcode).name}"
+                                                         if p.exitcode < 0 else f"exit code {p.exitcode}"))
+        return (f"--workers: {', '.join(ended) or 'a worker process ended'} while preparing the shards "
+                "(SIGKILL is what the out-of-memory killer sends: lower --workers or --chunk_size_mb); "
+                "nothing was written")
+
+    def close(self):
+        """Let the workers finish and exit (after the last result)."""
+        for _, tasks, _ in self.workers:
+            tasks.put(None)
+        self._release()
+
+    def terminate(self):
+        """Stop the workers now (an error or a signal in the main process). SIGKILL: they write
+        nothing, and one forked a moment ago may still have this process's SIGTERM handler."""
+        for process, tasks, _ in self.workers:
+            process.kill()
+            tasks.cancel_join_thread()   # what is still queued for a dead worker is dropped
+        self._release()
+
+    def _release(self):
+        for process, tasks, results in self.workers:
+            process.join()
+            tasks.close()
+            results.close()
 
 
-def _ordered_results(chunks, pool, processor, workers, total_bytes):
+def _ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
     """Process chunks in order: yields (set name, result, input bytes), with a progress bar.
 
     With a pool, at most 2 chunks per worker are in flight, so memory stays bounded.
+    `check_stop()` runs before each chunk and while waiting for a worker (it raises to stop).
     """
     from tqdm import tqdm
 
@@ -1121,16 +1306,18 @@ def _ordered_results(chunks, pool, processor, workers, total_bytes):
 
         for *task, nbytes in chunks:
             name = task[0]
+            check_stop()
             if pool is None:
                 yield emit(name, processor(*task), nbytes)
                 continue
-            in_flight.append((name, pool.apply_async(_run_chunk, task), nbytes))
+            pool.submit(*task)
+            in_flight.append((name, nbytes))
             if len(in_flight) >= 2 * workers:
-                n, r, b = in_flight.popleft()
-                yield emit(n, r.get(), b)
+                n, b = in_flight.popleft()
+                yield emit(n, pool.next_result(check_stop), b)
         while in_flight:
-            n, r, b = in_flight.popleft()
-            yield emit(n, r.get(), b)
+            n, b = in_flight.popleft()
+            yield emit(n, pool.next_result(check_stop), b)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1184,16 +1371,60 @@ def build_parser():
     return p
 
 
+class StopRequested(Exception):
+    """SIGTERM or SIGINT reached the main process."""
+
+    def __init__(self, signum):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGTERM/SIGINT in the main process: remembered by the handler and acted on between units
+    of work (`check`), where the clean-up can run; a handler that raised could be swallowed in
+    a fork hook or a finaliser. A second signal ends the process at once."""
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def install(self):
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def uninstall(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.received = signum
+        logger.warning("%s: stopping the workers and removing the temporary folder (send it again to end at once)",
+                       signal.Signals(signum).name)
+
+    def check(self):
+        if self.received is not None:
+            raise StopRequested(self.received)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signals = StopSignals()
+    signals.install()
     try:
-        summary = prepare(args)
+        summary = prepare(args, signals)
+    except StopRequested as e:
+        print(f"error: {e}; nothing was written to {args.output_dir}", file=sys.stderr)
+        return 128 + e.signum
     except (PrepareDataError, OSError) as e:
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        signals.uninstall()
     for line in summary.lines():
         print(line)
     return 0

@@ -446,7 +446,18 @@ def numpy_array_globals():
         if hasattr(getattr(np, "dtypes", None), name)]
 
 
+def load_error_detail(path, error):
+    """Why torch could not load `path`, in a few words: an empty file says so; else the first
+    line of the error's message, or its type where it has none (torch gives EOFError())."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        return "empty file, 0 bytes: written incompletely?"
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 def _torch_load(path, unpickle_fallback=True):
+    if os.path.getsize(path) == 0:
+        raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, None)})")
     try:
         with torch.serialization.safe_globals(numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -460,11 +471,11 @@ def _torch_load(path, unpickle_fallback=True):
         # Namespaces, enums), which the weights-only unpickler refuses; those need the full
         # unpickler, which can run code from the file. Only load checkpoints you trust.
         logger.warning("%s: not loadable weights-only (%s); loading with weights_only=False, "
-                       "which trusts the file", path, str(first).splitlines()[0][:200])
+                       "which trusts the file", path, load_error_detail(path, first))
         try:
             return torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001
-            raise ConversionError(f"{path}: not a readable torch checkpoint ({e})") from None
+            raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
 
 
 def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):

@@ -8,22 +8,34 @@ import os
 import struct
 from collections import defaultdict
 
+from google.protobuf.message import DecodeError
 from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.record_writer import masked_crc32c
 
 
 def iter_events(path):
+    """The events of one file. A record whose length checksum is wrong, or whose data is not
+    an Event, raises ValueError naming the file: it is not (or no longer) an event file."""
     with open(path, "rb") as f:
         while True:
+            offset = f.tell()
             header = f.read(12)
             if len(header) < 12:
                 return
-            (length,) = struct.unpack("<Q", header[:8])
+            length_bytes, (length_crc,) = header[:8], struct.unpack("<I", header[8:])
+            if masked_crc32c(length_bytes) != length_crc:
+                raise ValueError(f"{path}: not a TensorBoard event file (bad record header at byte {offset})")
+            (length,) = struct.unpack("<Q", length_bytes)
             data = f.read(length)
             f.read(4)
             if len(data) < length:
                 return  # a file still being written ends mid-record
             event = Event()
-            event.ParseFromString(data)
+            try:
+                event.ParseFromString(data)
+            except DecodeError:
+                raise ValueError(f"{path}: not a TensorBoard event file (the record at byte {offset} "
+                                 f"is no event)") from None
             yield event
 
 

@@ -1,0 +1,175 @@
+"""tools/prepare_data.py on input a hostile user gives it: text without blank lines, text that
+is not UTF-8, binary files, foreign files where training reads, a worker killed mid-run and
+a SIGTERM. Each ends in a warning with counts or one error line, and never in shards that
+training would read wrongly or a temporary folder left behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.test_prepare_data import make_corpus, make_vocab
+from tools import prepare_data
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "prepare_data.py")
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    return make_vocab(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+
+
+def error_of(capsys, argv):
+    assert prepare_data.main([str(a) for a in argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("WARNING")]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def no_blank_lines(path, documents=40):
+    """A corpus with its blank lines removed: one document, as a user's plain text would be."""
+    make_corpus(path, documents=documents)
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("\n".join(lines) + "\n")
+    return path, len(lines)
+
+
+def test_text_without_blank_lines_is_cut_into_pieces_and_warned_about(vocab, tmp_path, caplog):
+    corpus, lines = no_blank_lines(tmp_path / "one.txt")
+    cap = 4096
+    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=cap)
+    pieces = [doc for doc, _ in reader if doc]
+    # Memory is bounded by the cap: no piece holds much more than cap bytes of text (a line more).
+    longest_line = max(len(line) for doc in pieces for line in doc)
+    assert all(sum(map(len, doc)) < cap + longest_line for doc in pieces)
+    assert sum(len(doc) for doc in pieces) == lines and len(pieces) > 3
+    assert (reader.documents, reader.cut, reader.pieces) == (1, 1, len(pieces))
+    # The tool says so, with the counts, and still makes shards from all of the text.
+    out = tmp_path / "o"
+    assert prepare_data.main(["--input", str(corpus), "--output_dir", str(out), "--vocab_file", str(vocab),
+                              "--max_seq_length", "64", "--chunk_size_mb", str(cap / 2**20)]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"1 document(s) longer than --chunk_size_mb were cut into {len(pieces)} pieces" in w
+               and f"{lines} lines" in w for w in warnings), warnings
+    assert any("the input is a single document" in w for w in warnings), warnings
+    assert os.listdir(out / "train") == ["o_training_shard0.hdf5"]
+
+
+def test_documents_separated_by_blank_lines_are_not_warned_about(vocab, tmp_path, caplog):
+    corpus = make_corpus(tmp_path / "c.txt", documents=20)
+    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=2**20)
+    assert sum(1 for doc, _ in reader if doc) == 20 and reader.cut == 0 and reader.warnings() == []
+
+
+def test_latin1_text_is_refused_by_file_and_line(vocab, tmp_path, capsys):
+    latin1 = tmp_path / "french.txt"
+    latin1.write_bytes("Le café est bon.\nUne phrase.\n\nDeuxième document ici.\n".encode("latin-1"))
+    for i, source in enumerate((["--vocab_file", vocab], ["--build_vocab", 50])):
+        out = tmp_path / f"o{i}"
+        line = error_of(capsys, ["--input", latin1, "--output_dir", out, "--max_seq_length", 16,
+                                 "--max_predictions_per_seq", 2, *source])
+        assert f"{latin1}: line 1 is not UTF-8 (byte 0xe9 at column 7)" in line and "iconv" in line, source
+        assert not (out / "train").exists() and not (out / "vocab.txt").exists()
+
+
+def test_binary_files_are_refused(vocab, tmp_path, capsys):
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
+    line = error_of(capsys, ["--input", blob, "--output_dir", tmp_path / "o", "--vocab_file", vocab])
+    assert f"{blob}: binary data (a NUL byte at offset 4)" in line
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    make_corpus(folder / "a.txt", documents=5)
+    (folder / "b.txt").write_bytes(b"text\x00\x00\x00")
+    line = error_of(capsys, ["--input", folder, "--output_dir", tmp_path / "o", "--vocab_file", vocab])
+    assert "b.txt: binary data" in line and not (tmp_path / "o" / "train").exists()
+
+
+def test_foreign_files_where_training_reads_are_refused_even_with_overwrite(vocab, tmp_path, capsys):
+    corpus = make_corpus(tmp_path / "c.txt", documents=30)
+    out = tmp_path / "o"
+    argv = ["--input", corpus, "--output_dir", out, "--vocab_file", vocab, "--max_seq_length", 64]
+    assert prepare_data.main([str(a) for a in argv]) == 0
+    foreign = out / "train" / "old_wiki_training_part.hdf5"   # the NVIDIA provider reads *training*
+    foreign.write_bytes(b"someone else's shard")
+    for extra in ([], ["--overwrite"]):
+        line = error_of(capsys, argv + extra)
+        assert "train/old_wiki_training_part.hdf5 was not written by prepare_data" in line, extra
+    assert foreign.read_bytes() == b"someone else's shard"
+    assert sorted(os.listdir(out / "train")) == ["o_training_shard0.hdf5", "old_wiki_training_part.hdf5"]
+    foreign.unlink()
+    assert prepare_data.main([str(a) for a in argv + ["--overwrite"]]) == 0
+
+
+# ----------------------------------------------------------------------------- dying workers, signals
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    """About 1 MB of text: some seconds of work for two workers, in small chunks."""
+    folder = tmp_path_factory.mktemp("big")
+    parts = [make_corpus(folder / f"part{i}.txt", documents=400, seed=i) for i in range(4)]
+    return folder, parts
+
+
+def start_with_workers(vocab, corpus_folder, out):
+    """prepare_data --workers 2 in a subprocess; returns (process, its worker processes) once
+    the workers run."""
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--input", str(corpus_folder), "--output_dir", str(out),
+                             "--vocab_file", str(vocab), "--max_seq_length", "64", "--workers", "2",
+                             "--chunk_size_mb", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        workers = psutil.Process(proc.pid).children()
+        if len(workers) == 2:
+            return proc, workers
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"no workers started: {proc.communicate()}")
+
+
+def finish(proc, workers, timeout=30):
+    """(exit code or None after `timeout` s, stderr, workers still running); whatever is left
+    is killed afterwards."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code, err = None, "still running"
+    running = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    for p in [proc] + workers:
+        try:
+            p.kill()
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    proc.wait()
+    return code, err, running
+
+
+def test_a_killed_worker_ends_the_run_with_an_error_not_a_hang(vocab, big_corpus, tmp_path):
+    folder, _ = big_corpus
+    out = tmp_path / "o"
+    proc, workers = start_with_workers(vocab, folder, out)
+    workers[0].send_signal(signal.SIGKILL)            # as the out-of-memory killer would
+    started = time.time()
+    code, err, _ = finish(proc, workers)
+    assert code == 2, err
+    assert time.time() - started < 20
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"worker process {workers[0].pid} killed by SIGKILL" in lines[0] and "out-of-memory" in lines[0]
+    assert os.listdir(out) == []                      # no shard, no vocab, no temporary folder
+
+
+def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_corpus, tmp_path):
+    folder, _ = big_corpus
+    out = tmp_path / "o"
+    proc, workers = start_with_workers(vocab, folder, out)
+    proc.send_signal(signal.SIGTERM)
+    code, err, running = finish(proc, workers)
+    assert code == 128 + signal.SIGTERM, err
+    assert "error: stopped by SIGTERM; nothing was written" in err and "Traceback" not in err, err
+    assert os.listdir(out) == []
+    assert running == []

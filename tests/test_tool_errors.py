@@ -1,0 +1,99 @@
+"""Tracebacks turned into one error line: a 0-byte weights file (export and --use_pretrain), a
+garbage TensorBoard events file (plot_run), and an export into a folder that holds files
+already (refused without --overwrite, never overwritten silently)."""
+import json
+import logging
+import os
+import struct
+
+import pytest
+from tensorboardX.record_writer import masked_crc32c
+
+import deepspeed_train
+from tests.launch import TINY_CFG, ds_config
+from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
+from tools import export_hf, plot_run
+
+
+def one_error_line(err):
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def empty_checkpoint(folder):
+    """A checkpoint folder whose model states file has 0 bytes (a disk that filled up)."""
+    (folder / "step1").mkdir(parents=True)
+    (folder / "step1" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (folder / "latest").write_text("step1")
+    return folder
+
+
+def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
+    ckpt = empty_checkpoint(tmp_path / "ckpt")
+    assert export_hf.main(["--checkpoint_dir", str(ckpt), "--output_dir", str(tmp_path / "hf")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "step1/mp_rank_00_model_states.pt: not a readable torch checkpoint (empty file, 0 bytes" in line
+
+
+@pytest.mark.parametrize("source", ["file", "checkpoint"])
+def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
+    if source == "file":
+        weights = tmp_path / "bert.pt"
+        weights.write_bytes(b"")
+        expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
+    else:
+        weights = empty_checkpoint(tmp_path / "ckpt")
+        expected = "mp_rank_00_model_states.pt: not a readable torch checkpoint (empty file, 0 bytes"
+    config = json.load(open(TINY_CFG))
+    config["bert_model_file"] = str(weights)
+    cf = tmp_path / "job.json"
+    cf.write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as stop:
+        deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds_config(tmp_path)),
+                              "--output_dir", str(tmp_path / "out"), "--data_path_prefix", str(data_root),
+                              "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--use_nvidia_dataset",
+                              "--use_pretrain", "--log_level", "warning"])
+    assert stop.value.code == 2
+    assert expected in one_error_line(capsys.readouterr().err)
+
+
+def damaged_record():
+    """A record whose header (length and its checksum) is right but whose data is no Event."""
+    data = b"\xff" * 20
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+@pytest.mark.parametrize("garbage", [b"hello, this is no event file\n" * 40, bytes(range(256)) * 20, damaged_record()],
+                         ids=["text", "binary", "damaged_record"])
+def test_plot_of_a_garbage_events_file_is_one_line(tmp_path, capsys, garbage):
+    run = tmp_path / "runs" / "job"
+    run.mkdir(parents=True)
+    events = run / "events.out.tfevents.123.host"
+    events.write_bytes(garbage)
+    assert plot_run.main([str(run), "--output", str(tmp_path / "x.png")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{events}: not a TensorBoard event file" in line
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_export_into_a_folder_with_files_needs_overwrite(tiny_run, tmp_path, capsys, caplog):  # noqa: F811
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    (out / "config.json").write_text('{"model_type": "mine"}')
+    (out / "data.csv").write_text("1,2\n")
+    argv = ["--checkpoint_dir", tiny_run["ckpt"], "--output_dir", str(out)]
+    assert export_hf.main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--output_dir {out} is not empty (README.md, config.json, data.csv)" in line and "--overwrite" in line
+    assert (out / "README.md").read_text() == "my notes" and sorted(os.listdir(out)) == [
+        "README.md", "config.json", "data.csv"]
+    with caplog.at_level(logging.WARNING):
+        assert export_hf.main(argv + ["--overwrite"]) == 0
+    assert "RobertaPreLayerNorm" in (out / "README.md").read_text()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "roberta-prelayernorm"
+    assert (out / "data.csv").read_text() == "1,2\n"
+    assert any("left in place, not written by this export: data.csv" in r.getMessage() for r in caplog.records)
+    assert not [name for name in os.listdir(out) if name.startswith(".export_hf")]
