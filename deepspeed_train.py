@@ -227,7 +227,9 @@ def check_config_values(args):
 
 def check_recipe(args, training, where):
     """The recipe switches of a training entry (each optional, default = the original's recipe)
-    and the flags that depend on them; sets args.next_sentence_prediction."""
+    and the flags that depend on them; sets args.next_sentence_prediction. masked_lm_prob and
+    mask_split are the Bing provider's dynamic masking; NVIDIA shards carry the masking they
+    were made with (tools/prepare_data.py --masked_lm_prob)."""
     prob = training.get("masked_lm_prob", MASKED_SHARE)
     if not isinstance(prob, (int, float)) or not 0 < prob <= 1:
         raise InputError(f"{where}: masked_lm_prob must be a number in (0, 1], got {prob!r}")

@@ -25,7 +25,9 @@ def png_size(path):
 def test_plot_of_a_real_run(tiny_run, tmp_path, capsys):  # noqa: F811
     output = tmp_path / "plots" / "loss.png"
     assert plot_run.main([tiny_run["runs"], "--output", str(output), "--smooth", "0.6"]) == 0
-    assert "wrote" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "wrote" in out
+    assert "tiny_bert: validation MLM accuracy" in out and "at step 6 (" in out   # the run's last point
     width, height = png_size(output)
     assert width >= 600 and height >= 300
     assert output.stat().st_size > 20_000  # drawn panels, not an empty canvas

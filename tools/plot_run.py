@@ -163,6 +163,19 @@ def plot_runs(run_dirs, output, smooth=0.9):
     return drawn
 
 
+def last_validation(run_dirs):
+    """One line per run with its last validation point: MLM accuracy, step, training minutes."""
+    lines = []
+    for label, scalars in load_runs(run_dirs):
+        points = _points(scalars, "Validation/step/MLM_accuracy")
+        if points:
+            step, accuracy = points[-1]
+            minutes = dict(scalars.get("Validation/train_minutes", [])).get(step)
+            lines.append(f"{label}: validation MLM accuracy {100 * accuracy:.1f}% at step {step}"
+                         + ("" if minutes is None else f" ({minutes:.1f} min of training)"))
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Plot training loss, learning rate, validation and throughput "
                                                  "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.")
@@ -177,7 +190,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output}: {', '.join(drawn)}")
+    print("\n".join(last_validation(args.run_dirs) + [f"wrote {args.output}: {', '.join(drawn)}"]))
     return 0
 
 

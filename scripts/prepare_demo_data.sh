@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The demo's data, made once in WORK (default demo_run), used by scripts/demo.sh and
+# bench/bench_quality.py: the corpus built offline from text that ships with Python, a
+# WordPiece vocab and NVIDIA hdf5 shards at seq 128, all with the same vocab and split.
+#   WORK/nvidia/        vocab.txt, train/ (15% of the tokens masked, the original's recipe),
+#                       validation/ (15%: every recipe validates on it)
+#   WORK/nvidia_mlm30/  train/ with 30% of the tokens masked (the demo's recipe)
+# Usage: bash scripts/prepare_demo_data.sh [WORK]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-demo_run}
+PY=${PYTHON:-python3}
+if [ ! -f "$WORK/nvidia/vocab.txt" ]; then
+  "$PY" tools/make_demo_corpus.py --output "$WORK/corpus.txt"
+  "$PY" tools/prepare_data.py --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
+    --build_vocab 8000 --max_seq_length 128 --max_predictions_per_seq 20 --num_shards 2 \
+    --validation_fraction 0.05 --workers 2 --overwrite
+fi
+if [ ! -d "$WORK/nvidia_mlm30/train" ]; then
+  # the same documents held out (same --validation_fraction), its own validation copy unused
+  "$PY" tools/prepare_data.py --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm30" --format nvidia \
+    --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.3 --max_predictions_per_seq 40 --num_shards 2 \
+    --validation_fraction 0.05 --workers 2 --overwrite
+fi
