@@ -1136,10 +1136,10 @@ def prepare(args, signals=None):
         if pool:
             pool.close()
             pool = None
-        for warning in documents.warnings():
-            logger.warning("%s", warning)
 
         _finish_sets(summary, shard_sets, args.input)
+        for warning in documents.warnings():
+            logger.warning("%s", warning)
         _install(out, tmp, vocab_file, shard_sets)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
