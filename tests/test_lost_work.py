@@ -166,7 +166,7 @@ def test_max_steps_stop_validates_once_after_its_checkpoint(three_steps):
     assert len(read_run(os.path.join(out, "runs", JOB))[0]["Validation/Loss"]) == 1
 
 
-# --- 2 and 5. stop signals with DataLoader workers, and a launcher that goes away (real launcher)
+# --- 2, 5 (and 4). stop signals with DataLoader workers, a launcher that goes away (real launcher)
 
 
 def _job_config(tmp_path, **training):
@@ -211,36 +211,28 @@ def test_stop_signal_with_dataloader_workers_writes_a_checkpoint(provider, sig, 
     assert log.count("Validation epoch") == (int(tag[4:]) - 1) // (4 if provider == "nvidia" else 8)
 
 
-def test_killing_the_deepspeed_command_stops_the_rank_with_a_checkpoint(data_root, tmp_path):
+def test_killing_the_deepspeed_command_stops_the_rank_and_a_second_run_waits_for_it(data_root, tmp_path, capsys):
+    # Also the job-folder lock (item 4): refused while the run holds it, free once it has ended.
+    # (A run killed with SIGKILL frees it too: test_sigkill_then_auto_resume in test_train_e2e.)
     proc = start(_long_run_args(data_root, tmp_path), tmp_path / "run.log")
     wait_for_step(proc, tmp_path / "run.log", 3)
+    assert exit_code(data_root, tmp_path / "out", TINY_DS, "--auto_resume") == 2
+    err = capsys.readouterr().err
+    assert "is in use by another run (pid" in err and "--job_name" in err
     tree = psutil.Process(proc.pid).children(recursive=True)   # launch.py, the rank, its workers
     os.kill(proc.pid, signal.SIGTERM)         # the deepspeed command alone: it exits at once
     assert proc.wait(timeout=30) != 0
     _wait_gone(tree)
     log = open(tmp_path / "run.log").read()
     assert "stopped: the deepspeed launcher is gone (the deepspeed command" in log, log[-3000:]
-    assert latest(tmp_path / "out").startswith("step")
+    tag = latest(tmp_path / "out")
+    assert tag.startswith("step")
+    assert exit_code(data_root, tmp_path / "out", TINY_DS, "--auto_resume", "--max_steps", 1,
+                     cf=tmp_path / "job.json") == 0
+    assert latest(tmp_path / "out").endswith(f"step{int(tag[4:]) + 1}")
 
 
 # --- 4. one run per job folder
-
-
-def test_a_second_run_of_a_running_job_is_refused_and_a_crash_leaves_no_lock(data_root, tmp_path, capsys):
-    proc = start(_long_run_args(data_root, tmp_path, True, "--auto_resume"), tmp_path / "run.log")
-    wait_for_step(proc, tmp_path / "run.log", 2)
-    before = folder_snapshot(ckpt_dir(tmp_path / "out"))
-    assert exit_code(data_root, tmp_path / "out", TINY_DS, "--auto_resume") == 2
-    err = capsys.readouterr().err
-    assert "is in use by another run (pid" in err and "--job_name" in err
-    while not os.path.exists(os.path.join(ckpt_dir(tmp_path / "out"), "latest")):
-        assert proc.poll() is None
-        time.sleep(0.2)
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGKILL)       # a crash: nothing cleans up
-    _wait_gone(tree)
-    assert set(before) <= set(folder_snapshot(ckpt_dir(tmp_path / "out")))
-    assert exit_code(data_root, tmp_path / "out", TINY_DS, "--auto_resume", "--max_steps", 1) == 0
 
 
 def test_a_fresh_run_over_checkpoints_is_refused(three_steps, data_root, tmp_path, capsys):
