@@ -54,7 +54,7 @@ def test_nsp_off_trains_the_mlm_loss_only_in_bf16_and_exports(data_root, tmp_pat
     mlm_only.next_sentence_prediction = False
     args = Namespace(validation_data_path_prefix=valid_prefix(data_root), config=json.load(open(cf)),
                      config_file=str(cf), vocab_size=mlm_only.config.vocab_size, train_micro_batch_size_per_gpu=16,
-                     seed=0)
+                     seed=0, max_seq_length=128)
     loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)
     with torch.no_grad():
         batch = next(iter(loader))
