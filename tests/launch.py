@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CFG = os.path.join(REPO, "configs", "tiny", "bert_config.json")
 TINY_DS = os.path.join(REPO, "configs", "tiny", "ds_config.json")
@@ -124,3 +126,19 @@ def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):
     model = BertForPreTrainingPreLN(config)
     model.load_state_dict(saved, strict=True)
     return model
+
+
+def one_error_line(err):
+    """The single `error: ...` line of a run's stderr (and no traceback)."""
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def expect_input_error(capsys, call, *args, **kwargs):
+    """call(*args, **kwargs) must stop with exit code 2 and one error line; returns that line."""
+    with pytest.raises(SystemExit) as stop:
+        call(*args, **kwargs)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    return one_error_line(err)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import deepspeed_train
-from tests.launch import TINY_CFG, TINY_DS
+from tests.launch import TINY_CFG, TINY_DS, expect_input_error
 from tests.synthetic import make_data_root
 
 
@@ -27,13 +27,7 @@ def write_json(path, obj):
 
 
 def run_expect_error(capsys, argv):
-    with pytest.raises(SystemExit) as stop:
-        deepspeed_train.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert stop.value.code == 2, err
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return expect_input_error(capsys, deepspeed_train.main, [str(a) for a in argv])
 
 
 def argv(data_root, out, cf=TINY_CFG, ds=TINY_DS, *extra, nvidia=True):

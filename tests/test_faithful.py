@@ -12,7 +12,7 @@ import torch
 
 import deepspeed_train
 from tests import reference_model
-from tests.launch import TINY_CFG, ds_config, train_in_process, train_losses
+from tests.launch import TINY_CFG, ds_config, train_in_process, train_losses, expect_input_error
 from tests.synthetic import SPECIALS
 from tools import prepare_data
 from turing.modeling import BertConfig, BertForPreTrainingPreLN
@@ -21,12 +21,7 @@ JOB = "tiny_bert"
 
 
 def run_expect_error(capsys, data_root, out, ds, *extra, cf=TINY_CFG):
-    with pytest.raises(SystemExit) as stop:
-        train_in_process(data_root, out, ds, *extra, cf=cf)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert stop.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return expect_input_error(capsys, train_in_process, data_root, out, ds, *extra, cf=cf)
 
 
 @pytest.fixture(scope="module")

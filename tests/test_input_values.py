@@ -13,7 +13,7 @@ import pytest
 
 import deepspeed_train
 from nvidia_bert_dataset_provider import read_hdf5_shard
-from tests.launch import TINY_CFG, TINY_DS
+from tests.launch import TINY_CFG, TINY_DS, expect_input_error
 from tests.synthetic import make_data_root, make_instances, write_bing_shard, write_nvidia_shard, write_vocab
 from turing.dataset import BingShard, ShardFormatError
 
@@ -27,13 +27,7 @@ def data_root(tmp_path_factory):
 
 
 def run_expect_error(capsys, argv):
-    with pytest.raises(SystemExit) as stop:
-        deepspeed_train.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert stop.value.code == 2, err
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return expect_input_error(capsys, deepspeed_train.main, [str(a) for a in argv])
 
 
 def argv(root, out, *extra, cf=TINY_CFG, nvidia=True):

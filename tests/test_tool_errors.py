@@ -10,15 +10,9 @@ import pytest
 from tensorboardX.record_writer import masked_crc32c
 
 import deepspeed_train
-from tests.launch import TINY_CFG, ds_config
+from tests.launch import TINY_CFG, ds_config, one_error_line
 from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
 from tools import export_hf, plot_run
-
-
-def one_error_line(err):
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def empty_checkpoint(folder):
