@@ -1,0 +1,367 @@
+"""GLUE fine-tuning (tools/finetune_glue.py, turing/glue.py) and the probe suite
+(tools/make_probe_tasks.py).
+
+One tiny model (configs/tiny) is pretrained per module, through the real pipeline
+(tools/prepare_data.py shards, deepspeed_train.main, a DeepSpeed checkpoint; 176 steps), on a
+synthetic corpus of topic documents: every document draws its words from one of 8 topics of 3
+words, so "do these two sentences come from the same document" (probe_samedoc) is a task that
+pretraining's masked words and next sentences teach. The GLUE-layout files are tiny and made here.
+"""
+import json
+import os
+import random
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import deepspeed_train  # noqa: E402
+from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
+from tests.synthetic import SPECIALS  # noqa: E402
+from tools import export_hf, finetune_glue, glue_table, make_probe_tasks, prepare_data  # noqa: E402
+from turing.glue import TASKS, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
+from turing.hf_convert import load_checkpoint_state  # noqa: E402
+
+TOPICS, WORDS_PER_TOPIC = 8, 3
+
+
+def write_topic_corpus(path, n_docs=160, sentences=8, seed=0):
+    """Documents of 8 sentences of 6-10 words, all drawn from the document's topic: one of
+    TOPICS sets of made-up letter-only words. Returns the words (whole WordPiece tokens)."""
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = sorted({a + b for a in syllables for b in syllables})
+    random.Random(seed).shuffle(words)
+    topics = [words[t * WORDS_PER_TOPIC:(t + 1) * WORDS_PER_TOPIC] for t in range(TOPICS)]
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n_docs):
+            topic = topics[rng.randrange(TOPICS)]
+            for _ in range(sentences):
+                f.write(" ".join(rng.choice(topic) for _ in range(rng.randint(6, 10))) + "\n")
+            f.write("\n")
+    return [w for topic in topics for w in topic]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """{root, ckpt, corpus, probe, vocab, words}: a tiny BERT pretrained on the topic corpus,
+    and the probe suite made from the same corpus."""
+    root = tmp_path_factory.mktemp("topic_data")
+    corpus = root / "corpus.txt"
+    words = write_topic_corpus(corpus)
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(SPECIALS + words) + "\n")
+    assert prepare_data.main(["--input", str(corpus), "--output_dir", str(root / "nvidia" / "128"),
+                              "--format", "nvidia", "--vocab_file", str(vocab), "--max_seq_length", "128",
+                              "--max_predictions_per_seq", "20", "--num_shards", "2", "--workers", "1",
+                              "--validation_fraction", "0.05"]) == 0
+    # The tiny model, 4 epochs of ~44 steps at lr 2e-3: next-sentence accuracy reaches ~0.65-0.75.
+    job = json.loads(open(TINY_CFG).read())
+    job["mixed_seq_training"]["128"].update(learning_rate=0.002, num_epochs=4)
+    (root / "job.json").write_text(json.dumps(job))
+    out = root / "out"
+    deepspeed_train.main(["--cf", str(root / "job.json"), "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", str(out),
+                          "--data_path_prefix", str(root), "--max_seq_length", "128",
+                          "--max_predictions_per_seq", "20", "--use_nvidia_dataset", "--print_steps", "10",
+                          "--validation_data_path_prefix", str(root / "nvidia" / "128"), "--log_level", "warning",
+                          "--unpad"])
+    probe = root / "probe"
+    assert make_probe_tasks.main(["--input", str(corpus), "--output_dir", str(probe), "--train_size", "400",
+                                  "--dev_size", "200", "--dev_fraction", "0.25"]) == 0
+    return {"root": root, "ckpt": str(out / "saved_models" / "tiny_bert"), "corpus": str(corpus),
+            "probe": str(probe), "vocab": str(vocab), "words": words}
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny GLUE-layout data
+
+
+def _sentence(rng, words, n=None):
+    return " ".join(rng.choice(words) for _ in range(n or rng.randint(3, 8)))
+
+
+def write_glue_dir(root, words, n_train=48, n_dev=16, seed=0):
+    """SST-2 (single sentence, header), RTE (pair, header, string labels) and CoLA (no header)
+    folders as in the GLUE download; the label follows the first word, so it is learnable."""
+    rng = random.Random(seed)
+    half = len(words) // 2
+
+    def label_of(sentence):
+        return int(words.index(sentence.split()[0]) < half)
+
+    for folder in ("SST-2", "RTE", "CoLA"):
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        sentences = [_sentence(rng, words) for _ in range(n)]
+        seconds = [_sentence(rng, words) for _ in range(n)]
+        with open(os.path.join(root, "SST-2", f"{split}.tsv"), "w") as f:
+            f.write("sentence\tlabel\n")
+            f.writelines(f"{s}\t{label_of(s)}\n" for s in sentences)
+        with open(os.path.join(root, "RTE", f"{split}.tsv"), "w") as f:
+            f.write("index\tsentence1\tsentence2\tlabel\n")
+            f.writelines(f"{i}\t{a}\t{b}\t{('not_entailment', 'entailment')[label_of(b)]}\n"
+                         for i, (a, b) in enumerate(zip(sentences, seconds)))
+        with open(os.path.join(root, "CoLA", f"{split}.tsv"), "w") as f:
+            f.writelines(f"src{i % 3}\t{label_of(s)}\t{'' if label_of(s) else '*'}\t{s}\n"
+                         for i, s in enumerate(sentences))
+    return root
+
+
+@pytest.fixture(scope="module")
+def glue_dir(pretrained, tmp_path_factory):
+    return write_glue_dir(str(tmp_path_factory.mktemp("glue")), pretrained["words"])
+
+
+FAST = ["--seeds", "1", "--epochs", "1", "--max_seq_length", "32", "--batch_size", "16"]
+
+
+def finetune(model, task, data_dir, out, *extra):
+    return finetune_glue.main(["--model", str(model), "--task", task, "--data_dir", str(data_dir),
+                               "--output_dir", str(out), *FAST, *[str(x) for x in extra]])
+
+
+def read_predictions(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "index\tprediction"
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [int(i) for i, _ in rows] == list(range(len(rows)))
+    return [p for _, p in rows]
+
+
+def train_losses(out, task, seed=0):
+    from turing.tb_events import read_run
+
+    values, _ = read_run(os.path.join(out, "runs", task, f"seed{seed}"))
+    return [v for _, v in values["Train/loss"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def test_metrics_equal_hand_computed_values():
+    cola, mrpc, stsb, rte = TASKS["cola"], TASKS["mrpc"], TASKS["stsb"], TASKS["rte"]
+    assert compute_metrics(rte, [1, 0, 1, 1], [1, 0, 0, 1]) == {"accuracy": 0.75}
+    # TP 2, FP 1, FN 1, TN 1: F1 = 2/3; accuracy 3/5; MCC = (2*1 - 1*1) / sqrt(3*3*2*2) = 1/6
+    m = compute_metrics(mrpc, [1, 1, 0, 1, 0], [1, 0, 0, 1, 1])
+    assert m["f1"] == pytest.approx(2 / 3) and m["accuracy"] == pytest.approx(0.6)
+    assert task_score(mrpc, m) == pytest.approx((2 / 3 + 0.6) / 2)
+    assert compute_metrics(cola, [1, 1, 0, 1, 0], [1, 0, 0, 1, 1])["mcc"] == pytest.approx(1 / 6)
+    # x = 1..4, y = (1, 3, 2, 10): Pearson 13 / sqrt(5 * 50); Spearman on ranks (1, 3, 2, 4): 0.8
+    m = compute_metrics(stsb, [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 10.0])
+    assert m["pearson"] == pytest.approx(13 / np.sqrt(250)) and m["spearman"] == pytest.approx(0.8)
+    # the majority class of the training labels, scored on dev
+    assert majority_baseline(rte, [1, 1, 0], [1, 0, 0, 1]) == pytest.approx(0.5)
+    assert majority_baseline(mrpc, [1, 1, 0], [1, 0, 0, 1]) == pytest.approx((2 / 3 + 0.5) / 2)
+    assert majority_baseline(cola, [0, 0, 1], [1, 0, 0, 1]) == 0.0
+    assert majority_baseline(stsb, [1.0, 2.0], [1.0, 2.0, 5.0]) == 0.0  # a constant correlates with nothing
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner
+
+
+def test_three_layouts_task_all(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "all"
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"sst2", "rte", "cola", "average"}
+    assert results["average"] == pytest.approx(np.mean([results[t]["score"] for t in ("sst2", "rte", "cola")]))
+    for name, folder, labels in (("sst2", "SST-2", {"0", "1"}), ("rte", "RTE", {"entailment", "not_entailment"}),
+                                 ("cola", "CoLA", {"0", "1"})):
+        entry, task = results[name], TASKS[name]
+        assert entry["task"] == name and entry["metric"] == task.metric_name and len(entry["scores"]) == 1
+        assert entry["model"] == os.path.abspath(pretrained["ckpt"])
+        predictions = read_predictions(out / folder / "dev_predictions.tsv")
+        assert set(predictions) <= labels
+        gold = [e.label for e in read_examples(os.path.join(glue_dir, folder, "dev.tsv"), task)]
+        assert len(predictions) == len(gold) == entry["dev_examples"] == 16
+        recomputed = compute_metrics(task, [task.labels.index(p) for p in predictions], gold)
+        assert task_score(task, recomputed) == pytest.approx(entry["score"])
+        assert entry["majority_baseline"] == pytest.approx(majority_baseline(
+            task, [e.label for e in read_examples(os.path.join(glue_dir, folder, "train.tsv"), task)], gold))
+        assert train_losses(out / folder, name)  # TensorBoard logs
+    table = capsys.readouterr().out
+    assert "average" in table and "sst2" in table and "cola" in table
+
+
+def test_single_task_median_of_seeds(pretrained, glue_dir, tmp_path):
+    out = tmp_path / "sst2"
+    assert finetune(pretrained["ckpt"], "SST-2", os.path.join(glue_dir, "SST-2"), out, "--seeds", "3",
+                    "--epochs", "2", "--lr", "1e-3") == 0
+    entry = json.loads((out / "results.json").read_text())
+    assert entry["task"] == "sst2" and entry["seeds"] == [0, 1, 2] and len(entry["scores"]) == 3
+    assert entry["score"] == sorted(entry["scores"])[1]
+    assert entry["scores"][entry["median_seed"]] == entry["score"]
+    predictions = read_predictions(out / "dev_predictions.tsv")
+    gold = [e.label for e in read_examples(os.path.join(glue_dir, "SST-2", "dev.tsv"), TASKS["sst2"])]
+    assert np.mean([int(p) == g for p, g in zip(predictions, gold)]) == pytest.approx(entry["score"])
+
+
+def test_bf16_on_cpu(pretrained, glue_dir, tmp_path):
+    out = tmp_path / "bf16"
+    assert finetune(pretrained["ckpt"], "rte", os.path.join(glue_dir, "RTE"), out, "--bf16") == 0
+    entry = json.loads((out / "results.json").read_text())
+    assert entry["settings"]["bf16"] and np.isfinite(train_losses(out, "rte")).all()
+
+
+def test_three_model_sources_give_the_same_run(pretrained, glue_dir, tmp_path):
+    """Our checkpoint folder, its tag folder and a state dict file train identically; a Hugging
+    Face export (no pooler) trains like the state dict without the pooler (fresh pooler, same seed)."""
+    pytest.importorskip("transformers", reason="the export needs transformers")
+    data = os.path.join(glue_dir, "SST-2")
+    state, _, _ = load_checkpoint_state(pretrained["ckpt"])
+    torch.save(state, tmp_path / "full.pt")
+    torch.save({k: v for k, v in state.items() if ".pooler." not in k}, tmp_path / "no_pooler.pt")
+    hf = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint_dir", pretrained["ckpt"], "--output_dir", str(hf)]) == 0
+    tag = os.path.join(pretrained["ckpt"], open(os.path.join(pretrained["ckpt"], "latest")).read().strip())
+    cf = ["--cf", TINY_CFG, "--vocab_file", pretrained["vocab"]]
+    runs = {"job": (pretrained["ckpt"],), "tag": (tag,), "full": (tmp_path / "full.pt", *cf),
+            "no_pooler": (tmp_path / "no_pooler.pt", *cf), "hf": (hf,),
+            "random": (pretrained["ckpt"], "--random_init")}
+    losses = {}
+    for name, (model, *extra) in runs.items():
+        assert finetune(model, "sst2", data, tmp_path / name, *extra) == 0, name
+        losses[name] = train_losses(tmp_path / name, "sst2")
+    assert losses["job"] == losses["tag"] == losses["full"]
+    assert losses["hf"] == pytest.approx(losses["no_pooler"], abs=1e-5)
+    assert losses["full"] != pytest.approx(losses["no_pooler"], abs=1e-5)  # the pooler was loaded
+    assert losses["full"] != pytest.approx(losses["random"], abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line, exit code 2, nothing written
+
+
+def _error_line(capsys):
+    """The one error line (log lines may come before it), with no traceback."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_errors(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": "run"}')
+    sst2 = os.path.join(glue_dir, "SST-2")
+
+    assert finetune(tmp_path / "nowhere", "sst2", sst2, out) == 2
+    assert "nowhere: not found" in _error_line(capsys)
+    assert finetune(pretrained["ckpt"], "sst2", tmp_path / "no_data", out) == 2
+    assert "no_data: folder not found" in _error_line(capsys)
+    assert finetune(pretrained["ckpt"], "sst5", sst2, out) == 2
+    assert "--task sst5: unknown task" in _error_line(capsys)
+    assert finetune(pretrained["ckpt"], "all", tmp_path, out) == 2
+    assert "no task folder found" in _error_line(capsys)
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "dev.tsv").write_text(open(os.path.join(sst2, "dev.tsv")).read())
+    lines = open(os.path.join(sst2, "train.tsv")).read().splitlines()
+    lines[5] = lines[5].replace("\t", " ")
+    (bad / "train.tsv").write_text("\n".join(lines) + "\n")
+    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert f"{bad / 'train.tsv'}:6: expected 2 tab-separated fields, found 1" in _error_line(capsys)
+    lines[5] = "some words\tpositive"
+    (bad / "train.tsv").write_text("\n".join(lines) + "\n")
+    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert f"{bad / 'train.tsv'}:6: label 'positive' is not one of 0, 1" in _error_line(capsys)
+
+    # sizes that do not fit: a vocab 16 tokens longer, a config with a narrower feed-forward layer
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text(open(pretrained["vocab"]).read() + "".join(f"extra{i}\n" for i in range(16)))
+    assert finetune(pretrained["ckpt"], "sst2", sst2, out, "--vocab_file", vocab) == 2
+    line = _error_line(capsys)
+    assert "shapes differ" in line and "word_embeddings" in line
+    cf = json.loads(open(TINY_CFG).read())
+    cf["bert_model_config"]["intermediate_size"] = 128
+    (tmp_path / "cf.json").write_text(json.dumps(cf))
+    state, _, _ = load_checkpoint_state(pretrained["ckpt"])
+    torch.save(state, tmp_path / "model.pt")
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--cf", tmp_path / "cf.json",
+                    "--vocab_file", pretrained["vocab"]) == 2
+    line = _error_line(capsys)
+    assert "model.pt: shapes differ" in line and "intermediate" in line
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out) == 2  # no config beside it
+    assert "no bert_model_config" in _error_line(capsys)
+
+    assert (out / "results.json").read_text() == '{"earlier": "run"}'
+    assert sorted(os.listdir(out)) == ["results.json"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe suite
+
+
+def _rows(path):
+    with open(path) as f:
+        return [line.split("\t") for line in f.read().splitlines()[1:]]
+
+
+def test_probe_suite_layout_split_and_determinism(pretrained, tmp_path, capsys):
+    probe = pretrained["probe"]
+    again = tmp_path / "again"
+    assert make_probe_tasks.main(["--input", pretrained["corpus"], "--output_dir", str(again), "--train_size", "400",
+                                  "--dev_size", "200", "--dev_fraction", "0.25"]) == 0
+    other = tmp_path / "other"
+    assert make_probe_tasks.main(["--input", pretrained["corpus"], "--output_dir", str(other), "--seed", "1",
+                                  "--train_size", "400", "--dev_size", "200", "--dev_fraction", "0.25"]) == 0
+    corpus = [s for s in open(pretrained["corpus"]).read().splitlines() if s]
+    for name in ("probe_swap", "probe_samedoc", "probe_order"):
+        task = TASKS[name]
+        for split in ("train", "dev"):
+            path = os.path.join(probe, name, f"{split}.tsv")
+            assert open(path).read() == (again / name / f"{split}.tsv").read_text()  # same seed, same files
+            assert open(path).read() != (other / name / f"{split}.tsv").read_text()
+            examples = read_examples(path, task)  # the runner reads it
+            counts = np.bincount([e.label for e in examples])
+            assert counts[0] == counts[1] and len(examples) == (400 if split == "train" else 200)
+        train = {s for row in _rows(os.path.join(probe, name, "train.tsv")) for s in row}
+        dev = [s for row in _rows(os.path.join(probe, name, "dev.tsv")) for s in row]
+        assert not (train & set(dev) & set(corpus))  # no dev sentence is seen in training
+    # "1": a corpus sentence; "0": a corpus sentence with two inner words swapped
+    by_length = {}
+    for s in corpus:
+        by_length.setdefault(len(s.split()), []).append(s.split())
+    for sentence, label in _rows(os.path.join(probe, "probe_swap", "dev.tsv"))[:50]:
+        words = sentence.split()
+        if label == "1":
+            assert sentence in corpus
+        else:
+            assert any(len(diff := [i for i, (a, b) in enumerate(zip(words, s)) if a != b]) == 2
+                       and 0 < diff[0] and diff[1] < len(words) - 1 and words[diff[0]] == s[diff[1]]
+                       and words[diff[1]] == s[diff[0]] for s in by_length[len(words)])
+    # same-document pairs: both sentences of one document
+    docs = [set(d.splitlines()) for d in open(pretrained["corpus"]).read().split("\n\n")]
+    for _, a, b, label in _rows(os.path.join(probe, "probe_samedoc", "dev.tsv"))[:50]:
+        assert any(a in d and b in d for d in docs) == (label == "same")
+
+    (tmp_path / "small.txt").write_text("one two three four five six\n\nseven eight nine ten eleven twelve\n")
+    assert make_probe_tasks.main(["--input", str(tmp_path / "small.txt"), "--output_dir", str(tmp_path / "p")]) == 2
+    assert "has 2 document(s); the probe tasks need at least 4" in _error_line(capsys)
+
+
+def test_pretrained_beats_random_init_on_a_probe(pretrained, tmp_path, capsys):
+    """Pretraining saw which words share documents (next-sentence prediction on topic documents);
+    a model fine-tuned from it tells same-document pairs apart far better than one fine-tuned
+    from a random start with the same data, steps and seed."""
+    data = os.path.join(pretrained["probe"], "probe_samedoc")
+    common = ["--epochs", "3", "--lr", "1e-3", "--batch_size", "32"]
+    assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "pretrained", *common) == 0
+    assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "random", *common, "--random_init") == 0
+    capsys.readouterr()
+    scores = {name: json.loads((tmp_path / name / "results.json").read_text())["score"]
+              for name in ("pretrained", "random")}
+    assert scores["pretrained"] >= scores["random"] + 0.2, scores
+    assert glue_table.main([f"pretrained={tmp_path / 'pretrained'}", f"random init={tmp_path / 'random'}"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:4] == ["task", "metric", "pretrained", "random"]
+    assert table[1].split()[2:4] == [f"{100 * scores['pretrained']:.1f}", f"{100 * scores['random']:.1f}"]

@@ -1,0 +1,374 @@
+"""Fine-tune a pretrained checkpoint on GLUE (or the offline probe suite) and report dev scores.
+
+    python tools/finetune_glue.py --model PATH --task TASK --data_dir DIR --output_dir OUT \
+        [--seeds N] [--epochs E] [--lr LR] [--batch_size B] [--max_seq_length L] [--vocab_file V] [--bf16]
+
+PATH is one of:
+- a checkpoint folder of this project: OUT/saved_models/JOB (its `latest` checkpoint) or a tag
+  folder; the model sizes, vocab and lower-casing come from the job_config.json and args.json
+  saved beside the checkpoint;
+- a state dict file (.pt/.bin) with the original's key names; sizes and vocab from --cf (a job
+  config) or a job_config.json / args.json beside the file, or --vocab_file;
+- a Hugging Face folder written by tools/export_hf.py (config.json, vocab.txt).
+--vocab_file overrides the vocab in every case. --random_init builds a model of the same size
+with fresh weights (the original's --random), the baseline that shows what pretraining gave.
+
+TASK: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (any case), a probe task of
+tools/make_probe_tasks.py (probe_swap, probe_samedoc, probe_order), or `all`: every task folder
+found under --data_dir, named as in the GLUE download (CoLA, SST-2, ..., WNLI; probe_*).
+DIR holds train.tsv and dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv) in GLUE's layout.
+
+The model is our pre-LN encoder with the original's pooler (from PATH where it has one, fresh
+otherwise) and a fresh linear head on the pooled [CLS] output, as the original BingBertGlue's
+BertForSequenceClassification. The protocol is cramming's "GLUE-sane" one: the same
+hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases and
+LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
+gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
+runs (seeds 0..N-1; for an even N the lower median, so the score is always one run's).
+
+Output under OUT (for `all`, one subfolder per task, named like the task's folder):
+- results.json: {"task", "metric", "score" (the median), "scores" (one per seed), "seeds",
+  "metrics" (every metric, per seed), "majority_baseline", "model", ...}; for `all` one such
+  entry per task plus "average" (the mean of the task scores). Scores are fractions.
+- dev_predictions.tsv: `index<TAB>prediction` per dev line of the median run, labels as the
+  data writes them (MNLI also dev_mismatched_predictions.tsv);
+- runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics).
+Bad input (missing folder or file, unknown task, malformed TSV line, a checkpoint whose sizes
+do not fit) is one `error: ...` line and exit code 2, before any training.
+"""
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from types import SimpleNamespace
+
+if __package__ in (None, ""):
+    # Run as a script (python tools/finetune_glue.py): make the repository importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tensorboardX import SummaryWriter  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights  # noqa: E402
+from tools.export_hf import ExportError, find_vocab_file  # noqa: E402
+from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,  # noqa: E402
+                         encode, find_task, label_string, majority_baseline, read_examples,
+                         results_table, task_score, tasks_in)
+from turing.hf_convert import is_hf_folder, load_hf_folder, resolve_checkpoint_tag_dir  # noqa: E402
+from turing.jsonfile import read_json  # noqa: E402
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
+from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded  # noqa: E402
+
+logger = logging.getLogger("finetune_glue")
+
+WARMUP_PROPORTION = 0.1
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+EVAL_BATCH_SIZE = 128
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Fine-tune a pretrained BERT on GLUE tasks (cramming's GLUE-sane "
+                                            "protocol) and report dev scores.")
+    p.add_argument("--model", required=True,
+                   help="checkpoint folder (job folder or tag folder), state dict file, or Hugging Face export")
+    p.add_argument("--task", required=True, help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, "
+                                                 "probe_swap, probe_samedoc, probe_order, or all")
+    p.add_argument("--data_dir", required=True, help="the task's folder (GLUE layout); for --task all, the "
+                                                     "folder holding the task folders")
+    p.add_argument("--output_dir", required=True, help="where results.json, predictions and logs go")
+    p.add_argument("--seeds", type=int, default=3, help="runs per task; the median is reported (default 3)")
+    p.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
+    p.add_argument("--lr", type=float, default=4e-5, help="peak learning rate (default 4e-5)")
+    p.add_argument("--batch_size", type=int, default=32, help="training batch size (default 32)")
+    p.add_argument("--max_seq_length", type=int, default=128, help="tokens per example, [CLS]/[SEP] included")
+    p.add_argument("--vocab_file", default=None, help="vocab.txt to use instead of the model's")
+    p.add_argument("--cf", dest="config_file", default=None,
+                   help="job config (bert_config.json) for a state dict file without one beside it")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU); weights stay fp32")
+    p.add_argument("--random_init", action="store_true",
+                   help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def check_args(args):
+    for flag in ("seeds", "epochs", "batch_size"):
+        if getattr(args, flag) < 1:
+            raise GlueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if not args.lr > 0:
+        raise GlueError(f"--lr {args.lr}: must be positive")
+    if not os.path.exists(args.model):
+        raise GlueError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
+                        "a state dict file or a Hugging Face folder written by tools/export_hf.py")
+    if not os.path.isdir(args.data_dir):
+        raise GlueError(f"--data_dir {args.data_dir}: folder not found")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise GlueError(f"--output_dir {args.output_dir}: exists and is not a folder")
+
+
+# ---------------------------------------------------------------------------------------------
+# The model source
+
+
+@dataclasses.dataclass
+class ModelSource:
+    path: str
+    config: BertConfig    # sizes; vocab_size = the vocab file's size rounded up to 8
+    vocab_file: str
+    do_lower_case: bool
+
+
+def _json_beside(folder, name):
+    path = os.path.join(folder, name)
+    return read_json(path, name, GlueError) if os.path.isfile(path) else None
+
+
+def _bert_config(job_config, source):
+    if not job_config or "bert_model_config" not in job_config:
+        raise GlueError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
+    try:
+        return BertConfig.from_dict(job_config["bert_model_config"])
+    except BertConfigError as e:
+        raise GlueError(f"{source}: {e}") from None
+
+
+def model_source(path, vocab_file=None, config_file=None):
+    """Where the sizes, vocab and lower-casing of --model come from (the weights are read later,
+    by deepspeed_train.load_pretrained_weights, for each run)."""
+    cf_config = read_json(config_file, "job config (--cf)", GlueError) if config_file else None
+    if is_hf_folder(path):
+        _, config = load_hf_folder(path)
+        tokenizer_config = _json_beside(path, "tokenizer_config.json") or {}
+        vocab_file = vocab_file or os.path.join(path, "vocab.txt")
+        do_lower_case = tokenizer_config.get("do_lower_case", True)
+    else:
+        folder = resolve_checkpoint_tag_dir(path) if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        job_config, run_args = _json_beside(folder, "job_config.json"), _json_beside(folder, "args.json")
+        source = config_file or os.path.join(folder, "job_config.json")
+        config = _bert_config(cf_config or job_config, source)
+        if vocab_file is None:
+            try:
+                vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file)
+            except ExportError as e:
+                raise GlueError(f"{path}: {e}, or --vocab_file") from None
+        do_lower_case = bool((run_args or {}).get("do_lower_case", True))
+    vocab = load_vocab(vocab_file)
+    if not vocab:
+        raise GlueError(f"vocab file {vocab_file}: empty")
+    config.vocab_size = vocab_size_padded(max(vocab.values()) + 1)
+    return ModelSource(path, config, vocab_file, do_lower_case)
+
+
+def build_model(source, num_labels, random_init):
+    """The classifier, initialised from the current torch RNG state, then (unless random_init)
+    loaded with --model's weights. The encoder is built through the pretraining model, so a
+    random-init baseline starts exactly where pretraining started."""
+    pretraining = BertForPreTrainingPreLN(source.config)
+    if not random_init:
+        # load_pretrained_weights reads the three kinds of --model, checks every shape against
+        # the config and allows only the pooler and NSP head to be absent (a Hugging Face export).
+        load_args = SimpleNamespace(config={"bert_model_file": source.path}, data_path_prefix="",
+                                    config_file="--model")
+        load_pretrained_weights(load_args, pretraining)
+    return BertForSequenceClassification(pretraining.bert, num_labels, source.config.hidden_dropout_prob,
+                                         source.config.initializer_range)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclasses.dataclass
+class TaskData:
+    task: object
+    folder: str
+    train: list          # [((ids, segments), label)]
+    dev: dict            # dev file name -> [((ids, segments), label)]
+    pad_id: int
+
+
+def load_task(task, folder, tokenizer, max_seq_length):
+    def load(name):
+        examples = read_examples(os.path.join(folder, name), task)
+        return list(zip(encode(tokenizer, examples, max_seq_length), [e.label for e in examples]))
+
+    return TaskData(task, folder, load("train.tsv"), {name: load(name) for name in task.dev_files},
+                    tokenizer.vocab["[PAD]"])
+
+
+def _loader(items, batch_size, pad_id, regression, shuffle=False, seed=0):
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(items, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      collate_fn=lambda b: collate(b, pad_id, regression))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and evaluation
+
+
+def set_seeds(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(model, lr, total_steps):
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not any(nd in n for nd in NO_DECAY_NAMES)],
+               "weight_decay": WEIGHT_DECAY},
+              {"params": [p for n, p in named if any(nd in n for nd in NO_DECAY_NAMES)], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    warmup = max(1, math.ceil(WARMUP_PROPORTION * total_steps))
+
+    def factor(step):  # linear warmup, then linear decay to 0 at the last step
+        return step / warmup if step < warmup else max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def predict(model, loader, device, bf16):
+    model.eval()
+    out = []
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        for input_ids, input_mask, segment_ids, _ in loader:
+            logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
+            out.append(model.predictions(logits).cpu())
+    return torch.cat(out).numpy()
+
+
+def run_seed(args, source, data, seed, device, writer):
+    """Fine-tune one model; returns {dev file: predictions}."""
+    task = data.task
+    regression = task.labels is None
+    set_seeds(seed)
+    model = build_model(source, task.num_labels, args.random_init).to(device)
+    train_loader = _loader(data.train, args.batch_size, data.pad_id, regression, shuffle=True, seed=seed)
+    total_steps = args.epochs * len(train_loader)
+    optimizer, scheduler = make_optimizer(model, args.lr, total_steps)
+    bar = tqdm(total=total_steps, desc=f"{task.name} seed {seed}", unit="step", disable=None, leave=False)
+    step = 0
+    for _ in range(args.epochs):
+        model.train()
+        for input_ids, input_mask, segment_ids, labels in train_loader:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
+            loss = model.loss(logits, labels.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            writer.add_scalar("Train/loss", loss.item(), step)
+            writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    bar.close()
+    return {name: predict(model, _loader(items, EVAL_BATCH_SIZE, data.pad_id, regression), device, args.bf16)
+            for name, items in data.dev.items()}
+
+
+def _stem(dev_file):
+    return os.path.splitext(dev_file)[0]
+
+
+def run_task(args, source, data, out_dir, device):
+    """All seeds of one task; writes the median run's predictions; returns the results entry."""
+    task = data.task
+    main_dev = task.dev_files[0]
+    gold = {name: [label for _, label in items] for name, items in data.dev.items()}
+    runs = []
+    for seed in range(args.seeds):
+        started = time.time()
+        with SummaryWriter(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
+            predictions = run_seed(args, source, data, seed, device, writer)
+            metrics = {}
+            for name, preds in predictions.items():
+                prefix = "" if name == main_dev else _stem(name) + "_"
+                metrics.update({prefix + k: v for k, v in compute_metrics(task, preds, gold[name]).items()})
+            score = task_score(task, metrics)
+            for key, value in metrics.items():
+                writer.add_scalar(f"Dev/{key}", value, 0)
+        logger.info("%s seed %d: %s %.4f (%s) in %.0f s", task.name, seed, task.metric_name, score,
+                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), time.time() - started)
+        runs.append((score, seed, metrics, predictions))
+    scores = [r[0] for r in runs]
+    median = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the lower median: one run's
+    os.makedirs(out_dir, exist_ok=True)
+    for name, preds in median[3].items():
+        filename = "dev_predictions.tsv" if name == main_dev else f"{_stem(name)}_predictions.tsv"
+        with open(os.path.join(out_dir, filename), "w", encoding="utf-8") as f:
+            f.write("index\tprediction\n")
+            f.writelines(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds))
+    return {
+        "task": task.name, "metric": task.metric_name, "score": median[0], "scores": scores,
+        "seeds": [r[1] for r in runs], "median_seed": median[1], "metrics": [r[2] for r in runs],
+        "majority_baseline": majority_baseline(task, [label for _, label in data.train], gold[main_dev]),
+        "model": os.path.abspath(args.model) + (" (random init)" if args.random_init else ""),
+        "train_examples": len(data.train), "dev_examples": len(data.dev[main_dev]),
+        "settings": {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
+                     "max_seq_length": args.max_seq_length, "bf16": args.bf16, "device": device.type},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def finetune(args):
+    check_args(args)
+    if args.task.lower() == "all":
+        tasks = [(task, folder, os.path.join(args.output_dir, task.folder)) for task, folder in tasks_in(args.data_dir)]
+    else:
+        tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
+    source = model_source(args.model, args.vocab_file, args.config_file)
+    if args.max_seq_length > source.config.max_position_embeddings:
+        raise GlueError(f"--max_seq_length {args.max_seq_length}: the model has only "
+                        f"{source.config.max_position_embeddings} positions")
+    tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
+    # Every file and the weights are read and checked before the first task trains.
+    data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
+    if not args.random_init:
+        build_model(source, 2, False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %g, batch %d, max_seq_length %d%s",
+                args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
+                device.type, args.seeds, args.epochs, args.lr, args.batch_size, args.max_seq_length,
+                ", bf16" if args.bf16 else "")
+    results = {d.task.name: run_task(args, source, d, out, device) for d, out in data}
+    os.makedirs(args.output_dir, exist_ok=True)
+    if len(tasks) == 1 and args.task.lower() != "all":
+        document = next(iter(results.values()))
+    else:
+        document = {**results, "average": float(np.mean([r["score"] for r in results.values()]))}
+    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=2)
+    return results
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    try:
+        results = finetune(args)
+    except (ValueError, OSError, InputError) as e:  # GlueError, ConversionError, ... are ValueErrors
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(results_table({"random init" if args.random_init else "pretrained": results}))
+    print(f"results: {os.path.join(args.output_dir, 'results.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""GLUE fine-tuning pieces: the task table, the TSV reader, encoding, metrics, the classifier.
+
+Owns what `tools/finetune_glue.py` (the command line and the training loop) and
+`tools/make_probe_tasks.py` (the offline probe suite) share:
+- `TASKS`: the nine GLUE tasks, as laid out by the standard GLUE download (folder names,
+  dev files, header or not, text and label columns, label strings, official metrics), and the
+  three probe tasks of `tools/make_probe_tasks.py` in the same layout;
+- `read_examples(path, task)`: one TSV file -> examples, with one-line errors naming the file
+  and line of anything malformed;
+- `encode(...)` / `collate(...)`: `[CLS] A [SEP] (B [SEP])` ids truncated like the original's
+  `_truncate_seq_pair`, padded per batch;
+- `compute_metrics` / `task_score` / `majority_baseline`: the official metrics through
+  scikit-learn and scipy;
+- `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
+  classification (or, with one output, regression) head; the original BingBertGlue model's
+  module tree, so its state-dict keys are `bert.*` and `classifier.*`;
+- `load_results` / `results_table`: results.json files and the text table of one or more runs.
+
+Scores are fractions (accuracy 0.84, not 84); tables print them x100.
+"""
+import dataclasses
+import logging
+import os
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from torch import nn
+
+from turing.dataset import truncate_pair
+from turing.jsonfile import read_json
+from turing.modeling import Dropout
+
+logger = logging.getLogger(__name__)
+
+
+class GlueError(ValueError):
+    """Bad fine-tuning input; the message names the file (and line) or the flag."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str                 # what --task takes (any case)
+    folder: str               # folder name in the GLUE download (--task all looks for it)
+    text_columns: tuple       # one (single sentence) or two (pair) columns: names, or indices without header
+    label_column: object      # name, or index without header
+    labels: Optional[tuple]   # label strings as written in the data, in class order; None = regression
+    metrics: tuple            # official metrics; the task score is their mean (as on the GLUE leaderboard)
+    header: bool = True
+    dev_files: tuple = ("dev.tsv",)  # the first gives the score; others are reported beside it
+    fields: Optional[int] = None     # field count of a line, where there is no header to say
+
+    @property
+    def num_labels(self):
+        return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def metric_name(self):
+        return "/".join(self.metrics)
+
+
+_PAIR = ("sentence1", "sentence2")
+_NLI = ("entailment", "not_entailment")
+# Probe tasks (tools/make_probe_tasks.py): label strings of the probe pair tasks.
+PROBE_LABELS = {"probe_samedoc": ("different", "same"), "probe_order": ("reversed", "in_order")}
+
+TASKS = {t.name: t for t in (
+    # CoLA has no header: source, label, original annotation, sentence.
+    Task("cola", "CoLA", (3,), 1, ("0", "1"), ("mcc",), header=False, fields=4),
+    Task("sst2", "SST-2", ("sentence",), "label", ("0", "1"), ("accuracy",)),
+    Task("mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("f1", "accuracy")),
+    Task("stsb", "STS-B", _PAIR, "score", None, ("pearson", "spearman")),
+    Task("qqp", "QQP", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy")),
+    Task("mnli", "MNLI", _PAIR, "gold_label", ("contradiction", "entailment", "neutral"), ("accuracy",),
+         dev_files=("dev_matched.tsv", "dev_mismatched.tsv")),
+    Task("qnli", "QNLI", ("question", "sentence"), "label", _NLI, ("accuracy",)),
+    Task("rte", "RTE", _PAIR, "label", _NLI, ("accuracy",)),
+    Task("wnli", "WNLI", _PAIR, "label", ("0", "1"), ("accuracy",)),
+    # The offline probe suite, in the SST-2 (single sentence) and RTE (pair) layouts.
+    Task("probe_swap", "probe_swap", ("sentence",), "label", ("0", "1"), ("accuracy",)),
+    Task("probe_samedoc", "probe_samedoc", _PAIR, "label", PROBE_LABELS["probe_samedoc"], ("accuracy",)),
+    Task("probe_order", "probe_order", _PAIR, "label", PROBE_LABELS["probe_order"], ("accuracy",)),
+)}
+
+
+def find_task(name):
+    task = TASKS.get(name.lower().replace("-", ""))
+    if task is None:
+        raise GlueError(f"--task {name}: unknown task; expected one of {', '.join(TASKS)} or all")
+    return task
+
+
+def tasks_in(data_dir):
+    """(task, folder path) for every task folder under `data_dir` named as in the GLUE download."""
+    found = [(t, os.path.join(data_dir, t.folder)) for t in TASKS.values()
+             if os.path.isdir(os.path.join(data_dir, t.folder))]
+    if not found:
+        raise GlueError(f"--data_dir {data_dir}: no task folder found; expected some of "
+                        f"{', '.join(t.folder for t in TASKS.values())}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class Example(NamedTuple):
+    text_a: str
+    text_b: Optional[str]
+    label: object  # class index, or float for regression
+
+
+def _column(header, column, path):
+    if isinstance(column, int):
+        return column
+    if column not in header:
+        raise GlueError(f"{path}:1: header has no column '{column}' (columns: {', '.join(header)})")
+    return header.index(column)
+
+
+def read_examples(path, task):
+    """The examples of one TSV file of `task`. Lines are split on tabs only (no quoting, as
+    GLUE's files need); every line must have the header's field count."""
+    if not os.path.isfile(path):
+        raise GlueError(f"{path}: {task.name} data file not found")
+    # utf-8-sig: MRPC's files start with a byte-order mark.
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    header = lines[0].rstrip("\r").split("\t") if task.header and lines else None
+    first = 2 if task.header else 1
+    if header is not None:
+        fields = len(header)
+        columns = [_column(header, c, path) for c in task.text_columns]
+        label_col = _column(header, task.label_column, path)
+        body = lines[1:]
+    else:
+        fields, columns, label_col, body = task.fields, list(task.text_columns), task.label_column, lines
+    examples = []
+    for number, line in enumerate(body, start=first):
+        parts = line.rstrip("\r").split("\t")
+        if len(parts) != fields:
+            raise GlueError(f"{path}:{number}: expected {fields} tab-separated fields, found {len(parts)}")
+        raw = parts[label_col].strip()
+        if task.labels is None:
+            try:
+                label = float(raw)
+            except ValueError:
+                raise GlueError(f"{path}:{number}: label '{raw}' is not a number") from None
+        elif raw in task.labels:
+            label = task.labels.index(raw)
+        else:
+            raise GlueError(f"{path}:{number}: label '{raw}' is not one of {', '.join(task.labels)}")
+        texts = [parts[c] for c in columns]
+        examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
+    if not examples:
+        raise GlueError(f"{path}: no examples")
+    return examples
+
+
+def label_string(task, prediction):
+    """A prediction as the data writes labels: the label string, or the score with 3 decimals."""
+    return f"{float(prediction):.3f}" if task.labels is None else task.labels[int(prediction)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode(tokenizer, examples, max_seq_length):
+    """[(input_ids, segment_ids)] of `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, the pair cut to
+    fit from the end of the longer segment (the original's _truncate_seq_pair)."""
+    if max_seq_length < 3:
+        raise GlueError(f"--max_seq_length {max_seq_length}: needs room for [CLS] and two [SEP]")
+    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    ids_a = tokenizer.encode_batch([e.text_a for e in examples])
+    pairs = examples[0].text_b is not None
+    ids_b = tokenizer.encode_batch([e.text_b for e in examples]) if pairs else [[]] * len(examples)
+    room = max_seq_length - (3 if pairs else 2)
+    len_a, len_b = truncate_pair(np.array([len(a) for a in ids_a]), np.array([len(b) for b in ids_b]), room)
+    out = []
+    for a, b, na, nb in zip(ids_a, ids_b, len_a, len_b):
+        ids = [cls_id] + a[:na] + [sep_id]
+        segments = [0] * len(ids)
+        if pairs:
+            ids += b[:nb] + [sep_id]
+            segments += [1] * (int(nb) + 1)
+        out.append((ids, segments))
+    return out
+
+
+def collate(items, pad_id, regression):
+    """[((ids, segments), label)] -> (input_ids, input_mask, segment_ids, labels), padded to the
+    longest row of the batch."""
+    length = max(len(ids) for (ids, _), _ in items)
+    input_ids = torch.full((len(items), length), pad_id, dtype=torch.long)
+    segment_ids = torch.zeros((len(items), length), dtype=torch.long)
+    input_mask = torch.zeros((len(items), length), dtype=torch.long)
+    for row, ((ids, segments), _) in enumerate(items):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        segment_ids[row, :len(ids)] = torch.tensor(segments)
+        input_mask[row, :len(ids)] = 1
+    labels = torch.tensor([label for _, label in items], dtype=torch.float if regression else torch.long)
+    return input_ids, input_mask, segment_ids, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _correlation(fn, predictions, labels):
+    # A constant prediction (a majority baseline) has no correlation; scipy returns NaN.
+    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+        return 0.0
+    return float(fn(predictions, labels).statistic)
+
+
+def compute_metrics(task, predictions, labels):
+    """{metric: value} of `task.metrics` for predictions and gold labels (class indices, or
+    scores for STS-B). F1 is that of the positive class, label "1" (MRPC, QQP)."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    out = {}
+    for metric in task.metrics:
+        if metric == "accuracy":
+            out[metric] = float(accuracy_score(labels, predictions))
+        elif metric == "f1":
+            out[metric] = float(f1_score(labels, predictions, pos_label=task.labels.index("1"),
+                                         average="binary", zero_division=0.0))
+        elif metric == "mcc":
+            out[metric] = float(matthews_corrcoef(labels, predictions))
+        elif metric == "pearson":
+            out[metric] = _correlation(stats.pearsonr, predictions, labels)
+        elif metric == "spearman":
+            out[metric] = _correlation(stats.spearmanr, predictions, labels)
+        else:
+            raise ValueError(f"unknown metric {metric!r}")
+    return out
+
+
+def task_score(task, metrics):
+    """The task's one number: the mean of its official metrics."""
+    return float(np.mean([metrics[m] for m in task.metrics]))
+
+
+def majority_baseline(task, train_labels, dev_labels):
+    """The score of always predicting the most frequent training label (regression: the
+    training mean, which correlates with nothing: 0)."""
+    if task.labels is None:
+        constant = float(np.mean(train_labels))
+    else:
+        constant = int(np.bincount(np.asarray(train_labels, dtype=np.int64), minlength=task.num_labels).argmax())
+    return task_score(task, compute_metrics(task, [constant] * len(dev_labels), dev_labels))
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+class BertForSequenceClassification(nn.Module):
+    """`bert` (our `BertModel`: embeddings, pre-LN encoder, pooler) + dropout + a linear head
+    on the pooled [CLS] output; one output = regression (MSE), more = classes (cross-entropy).
+    The head starts as the original's did: normal(0, initializer_range) weights, zero bias."""
+
+    def __init__(self, bert, num_labels, dropout_prob, initializer_range):
+        super().__init__()
+        self.num_labels = num_labels
+        self.bert = bert
+        self.dropout = Dropout(dropout_prob)
+        self.classifier = nn.Linear(bert.pooler.dense_act.in_features, num_labels)
+        nn.init.normal_(self.classifier.weight, 0.0, initializer_range)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, input_ids, input_mask, segment_ids):
+        """(B, L) ids -> (B, num_labels) logits, or (B,) scores for regression."""
+        _, pooled = self.bert(input_ids, segment_ids, input_mask)
+        logits = self.classifier(self.dropout(pooled))
+        return logits.squeeze(-1) if self.num_labels == 1 else logits
+
+    def loss(self, logits, labels):
+        if self.num_labels == 1:
+            return F.mse_loss(logits.float(), labels)
+        return F.cross_entropy(logits.float(), labels)
+
+    @staticmethod
+    def predictions(logits):
+        """Class indices, or the scores themselves for regression."""
+        return logits.float() if logits.dim() == 1 else logits.argmax(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+def load_results(path):
+    """{task: entry} of a results.json written by tools/finetune_glue.py (or its folder)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "results.json")
+    results = read_json(path, "results file", GlueError)
+    if "task" in results:  # one task
+        return {results["task"]: results}
+    return {k: v for k, v in results.items() if k != "average"}
+
+
+def average_score(run):
+    """Mean of the (median) task scores of one run ({task: entry})."""
+    return float(np.mean([entry["score"] for entry in run.values()]))
+
+
+def _cell(entry):
+    scores = entry["scores"]
+    text = f"{100 * entry['score']:.1f}"
+    if len(scores) > 1:
+        text += f" [{100 * min(scores):.1f}, {100 * max(scores):.1f}]"
+    return text
+
+
+def results_table(runs):
+    """Text table, one row per task (+ the average of several), one column per run.
+
+    runs: {column name: {task name: results entry}}. A cell is the median score x100 and, for
+    several seeds, [min, max] over them; the last column is the majority-class baseline.
+    """
+    first = {}  # task -> its entry in the first run that has it (metric, baseline)
+    for run in runs.values():
+        for task, entry in run.items():
+            first.setdefault(task, entry)
+    rows = [["task", "metric", *runs, "majority"]]
+    for task, entry in first.items():
+        rows.append([task, entry["metric"], *(_cell(run[task]) if task in run else "-" for run in runs.values()),
+                     f"{100 * entry['majority_baseline']:.1f}"])
+    if len(first) > 1:
+        rows.append(["average", "", *(f"{100 * average_score(run):.1f}" for run in runs.values()),
+                     f"{100 * np.mean([e['majority_baseline'] for e in first.values()]):.1f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in rows)
