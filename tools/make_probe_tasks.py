@@ -33,7 +33,7 @@ if __package__ in (None, ""):
     # Run as a script (python tools/make_probe_tasks.py): make the repository importable.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools.prepare_data import iter_documents, list_input_files  # noqa: E402
+from tools.prepare_data import DocumentReader, list_input_files  # noqa: E402
 from turing.glue import PROBE_LABELS, TASKS  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
         raise ProbeError(f"--min_words {min_words} / --max_words {max_words}: need 3 <= min_words <= max_words")
     files = list_input_files([input_path])
     # Whitespace runs (tabs too) become one space: no tab or line break inside a TSV field.
-    docs = [[" ".join(s.split()) for s in doc] for doc, _ in iter_documents(files)]
+    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files)]
     docs = [doc for doc in docs if doc]
     train_docs, dev_docs = split_documents(docs, dev_fraction, random.Random(seed))
     seen = {s for doc in train_docs for s in doc}
