@@ -1,4 +1,4 @@
-"""The default pretraining data provider (SPEC 6b): Bing numpy shards of Wikipedia and BookCorpus.
+"""The default pretraining data provider: Bing numpy shards of Wikipedia and BookCorpus.
 
 Owns: which shard folder of each dataset an epoch reads, this rank's share of its samples,
 the epoch's dataset picker (the shuffled interleaving of the two datasets), the DataLoaders

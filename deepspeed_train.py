@@ -334,7 +334,7 @@ def set_seeds(seed):
 
 
 def prepare_optimizer_parameters(args, model):
-    """Parameter groups (SPEC 4), in the original's order, which positional optimizer states
+    """Parameter groups, in the original's order, which positional optimizer states
     rely on: the weight-decay group, the no-decay group (biases and LayerNorms), each in the
     model's parameter order without the pooler; for the 1-bit optimizers, after those, one group
     per position-embedding table with its momentum mask."""
@@ -466,7 +466,7 @@ def prepare_model_optimizer(args):
     model.set_device(model.network.device)
     args.device = model.network.device
     args.fp16 = model.network.fp16_enabled()
-    model.session = RunContext(args, model.network, RunState(
+    model.session = RunContext(args, RunState(
         seq_length=args.max_seq_length, micro_batch=args.train_micro_batch_size_per_gpu,
         grad_accum=args.gradient_accumulation_steps))
     return model, optimizer
@@ -1050,7 +1050,8 @@ class Reporter:
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
-    """One optimizer step's metrics to TensorBoard (SPEC 9 tags)."""
+    """One optimizer step's metrics to TensorBoard, under the original's tags: Train/lr by
+    step, Train/Samples/train_loss and Train/Samples/lr by samples seen."""
     if writer is None:
         return
     writer.add_scalar("Train/lr", lr, step)
@@ -1198,7 +1199,7 @@ def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
-            # One forward for the scores; the loss is the model's (SPEC 5): MLM cross-entropy
+            # One forward for the scores; the loss is the model's: MLM cross-entropy
             # over the masked positions (0 without any) + NSP cross-entropy, in fp32.
             scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
             labels = batch.masked_lm_labels
@@ -1512,9 +1513,8 @@ class RunContext:
     and the session's clock. prepare_model_optimizer() keeps it on the model (`model.session`),
     where the original's calls, which pass only (args, model, ...), find it."""
 
-    def __init__(self, args, engine, state):
+    def __init__(self, args, state):
         self.args = args
-        self.engine = engine
         self.state = state
         self.signals = StopSignals()
         self.session_start = time.time()

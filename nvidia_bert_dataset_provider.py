@@ -1,4 +1,4 @@
-"""NVIDIA hdf5 pretraining shards (SPEC 6a), the `--use_nvidia_dataset` provider.
+"""NVIDIA hdf5 pretraining shards, the `--use_nvidia_dataset` provider.
 
 Owns: the choice of shard file per (epoch, rank), reading and checking a shard, turning
 `masked_lm_positions`/`masked_lm_ids` into per-token labels, the DataLoader over a shard,
@@ -190,7 +190,9 @@ def list_training_files(folder):
 
 
 def shard_file_index(epoch, rank, world, num_files):
-    """Index of the file a rank reads in an epoch (SPEC 6a)."""
+    """Index of the file a rank reads in an epoch: epoch x world + rank, shifted by
+    (world mod files) x epoch when there are more ranks than files, modulo the file count
+    (the original's rule)."""
     index = epoch * world + rank
     if world > num_files:
         index += (world % num_files) * epoch

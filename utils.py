@@ -1,6 +1,6 @@
 """Command line of deepspeed_train.py and small helpers shared by the script and the providers.
 
-Owns: the argument parser (SPEC section 2), rank/world lookup that works with or without
+Owns: the argument parser, rank/world lookup that works with or without
 an initialised process group, and the time-to-exit check used by the step loop.
 """
 import argparse

@@ -27,7 +27,7 @@ cannot be undone), so compare it across two runs.
 Batch. Every row has round(seq * (1 - pad)) real tokens (segment A then B), the rest padding;
 with `--lengths uniform` the row lengths spread evenly over [seq·(1 - 2·pad), seq] instead (same
 mean, like real data). min(max_pred, max(1, round(real * 0.15))) positions per row are labelled
-(SPEC 6b's rule).
+(the Bing provider's rule).
 
 Precision. fp32: the models and AdamW in fp32. bf16 / fp16: the model is held in that dtype
 (as DeepSpeed's bf16 and fp16 modes hold it) and AdamW updates fp32 master copies of the

@@ -112,7 +112,7 @@ def train_losses(out, job="tiny_bert"):
 
 def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):
     """A plain model of the tiny config with the weights of OUT/saved_models/JOB/TAG, loaded with
-    strict=True: it raises unless the checkpoint has SPEC 5's keys, whatever options trained it."""
+    strict=True: it raises unless the checkpoint has the original's keys, whatever options trained it."""
     import torch
 
     from turing.modeling import BertConfig, BertForPreTrainingPreLN

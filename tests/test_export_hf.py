@@ -186,7 +186,7 @@ def test_round_trip_restores_our_weights(exported, ours):
 
 def test_transformer_kernel_layout_bf16_checkpoint_exports_with_cf(ours, tiny_run, tmp_path):
     """A checkpoint in the DeepSpeed transformer-kernel layout, bf16, keys under 'module.',
-    without the saved job config: loaded as fp32 SPEC 5 weights and exported with --cf."""
+    without the saved job config: loaded as fp32 weights with the original's keys and exported with --cf."""
     _, state, config = ours
     kernel = {}
     for key, value in state.items():

@@ -1,4 +1,4 @@
-"""LR schedules of SPEC 8 at chosen steps, with offset and rewarmup."""
+"""The original's LR schedules at chosen steps, with offset and rewarmup."""
 import argparse
 import math
 

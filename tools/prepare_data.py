@@ -1,4 +1,4 @@
-"""Raw text to pretraining shards: NVIDIA hdf5 (SPEC 6a) or Bing numpy (SPEC 6b).
+"""Raw text to pretraining shards: NVIDIA hdf5 or Bing numpy (docs/DESIGN.md, Data formats).
 
 Owns the data preparation pipeline, importable (`prepare(args)`) and a command line:
 
@@ -40,7 +40,7 @@ hash order, so two trainings on the same text may differ in a few dozen of 8,000
 for bit-identical data, build the vocab once and pass it with --vocab_file.
 
 Bing shards hold unmasked token strings of segments A and B (the reader adds [CLS]/[SEP] and
-masks at load time); is_next.npy is 1 when B is a random sentence (SPEC 6b's meaning, the same
+masks at load time); is_next.npy is 1 when B is a random sentence (the Bing format's meaning, the same
 as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse

@@ -6,9 +6,9 @@ Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrai
 - `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse, and
   `load_hf_folder(folder)` doing it for an exported folder (`is_hf_folder` recognises one);
 - `to_transformer_kernel_layout` / `from_transformer_kernel_layout` rename layer weights
-  between SPEC 5's names and DeepSpeed's fused transformer layer's (both ways);
+  between the original's names and DeepSpeed's fused transformer layer's (both ways);
 - `load_checkpoint_state(checkpoint_dir, tag)` reads a DeepSpeed checkpoint of ours (plain or
-  DeepSpeed transformer-kernel layout) into an fp32 state dict with the SPEC 5 key names.
+  DeepSpeed transformer-kernel layout) into an fp32 state dict with the original's key names.
 
 Why RoBERTa-PreLayerNorm: it is the `transformers` architecture with exactly our block,
 `x + Attn(LN(x))` then `h + FFN(LN(h))`, a final LayerNorm after the last layer, learned
@@ -139,7 +139,7 @@ def _check_keys(have, expected, optional, what):
 def ours_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, bos_token_id=None, eos_token_id=None):
     """Map our BertForPreTrainingPreLN weights onto RobertaPreLayerNormForMaskedLM.
 
-    state_dict: SPEC 5 keys (the pooler and NSP head may be present; they are dropped).
+    state_dict: the original's keys (the pooler and NSP head may be present; they are dropped).
     config: our BertConfig (vocab_size = padded embedding rows).
     vocab_size_real: the vocab file's size; rows from there on are padding and are dropped.
     pad_token_id: id of [PAD], the RoBERTa padding index that shifts the position table.
@@ -232,7 +232,7 @@ def hf_to_ours(hf_state_dict, hf_config):
     """Map RobertaPreLayerNormForMaskedLM weights (as exported by `ours_to_hf`) back to ours.
 
     hf_config: the config.json dict, its path (or folder), or a PretrainedConfig.
-    Returns (state_dict, BertConfig): SPEC 5 keys without `HF_MISSING_KEYS` (pooler and NSP
+    Returns (state_dict, BertConfig): the original's keys without `HF_MISSING_KEYS` (pooler and NSP
     head, left to the model's initialisation); the vocab padded to a multiple of 8 with zero
     embedding rows and MLM bias PADDED_ROW_BIAS; the position table shifted back. Tensors keep
     their dtype.
@@ -344,7 +344,7 @@ def load_hf_folder(folder):
 
 
 def from_transformer_kernel_layout(state_dict):
-    """Rename DeepSpeedTransformerLayer parameters (attn_qkvw, ..., norm_b) to SPEC 5 names.
+    """Rename DeepSpeedTransformerLayer parameters (attn_qkvw, ..., norm_b) to the original's names.
 
     Keys without kernel names pass through; a state dict in the plain layout is returned as is.
     """
@@ -367,7 +367,7 @@ def from_transformer_kernel_layout(state_dict):
 
 
 def to_transformer_kernel_layout(state_dict):
-    """Rename SPEC 5 layer parameters to DeepSpeedTransformerLayer's (the reverse of
+    """Rename the original's layer parameters to DeepSpeedTransformerLayer's (the reverse of
     `from_transformer_kernel_layout`): query/key/value weights (and biases) become attn_qkvw
     (attn_qkvb), concatenated [query; key; value] on dim 0; the rest map one to one.
 
@@ -486,7 +486,7 @@ def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
     The file is read with torch.load(weights_only=True); one that needs the full unpickler
     (Python objects of other DeepSpeed versions) is then unpickled with a warning, or refused
     with unpickle_fallback=False.
-    Returns (state_dict in fp32 with SPEC 5 keys, job_config dict or None, args dict or None);
+    Returns (state_dict in fp32 with the original's keys, job_config dict or None, args dict or None);
     the two dicts come from the job_config.json and args.json saved next to the checkpoint.
     """
     folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)

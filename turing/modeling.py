@@ -1,4 +1,4 @@
-"""The pre-LayerNorm BERT pretraining model (SPEC section 5) and its configuration.
+"""The pre-LayerNorm BERT pretraining model and its configuration.
 
 Owns: `BertConfig` (the `bert_model_config` of the job config) and `BertForPreTrainingPreLN`
 (embeddings, pre-LN encoder with optional progressive layer drop and activation
@@ -459,7 +459,7 @@ class BertLayer(nn.Module):
 
 def _load_layers_in_own_layout(encoder, state_dict, prefix, *_):
     """load_state_dict pre-hook of BertEncoder: rename incoming layer weights to the layout
-    this encoder has (SPEC 5 names, or the transformer kernel's), so checkpoints of either
+    this encoder has (the original's names, or the transformer kernel's), so checkpoints of either
     kind load into both. Edits `state_dict` in place (load_state_dict passes a copy)."""
     from turing.hf_convert import from_transformer_kernel_layout, to_transformer_kernel_layout
 
@@ -736,7 +736,7 @@ class BertForPreTrainingPreLN(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
         if self.bert.encoder.uses_transformer_kernel:
-            # SPEC 5's init for the kernel's parameters too, so both layer kinds start alike
+            # The same init for the kernel's parameters too, so both layer kinds start alike
             # (DeepSpeed's own init scales the residual weights only when local_rank == 0).
             for layer in self.bert.encoder.layer:
                 for name in ("attn_qkvw", "inter_w"):

@@ -83,12 +83,3 @@ class BertMultiTask:
 
     def train(self):
         self.network.train()
-
-    def to(self, device):
-        self.network.to(device)
-        self.set_device(device)
-        return self
-
-    def half(self):
-        self.network.half()
-        return self
