@@ -23,19 +23,22 @@ import socket
 import sys
 import threading
 import time
-import zipfile
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
+                               load_checkpoint_state, numpy_array_globals, prune_interval_checkpoints,
+                               read_state_dict_file, resume_candidates, sync_folder, write_atomic)
 from turing.errors import InputError
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
+from turing.kernel_layout import to_transformer_kernel_layout
 from turing.lamb import find_lamb_coeffs
-from turing.modeling import BertConfig, BertConfigError
+from turing.modeling import BertConfig, BertConfigError, masked_lm_loss_of_scores, pretraining_loss
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
 
@@ -375,9 +378,6 @@ def load_pretrained_weights(args, network):
     a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
     be missing (an export drops them); they keep their fresh initialisation. Files are read
     with torch.load(weights_only=True) and never unpickled beyond that."""
-    from turing.hf_convert import (HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_error_detail,
-                                   load_hf_folder)
-
     name = args.config.get("bert_model_file") or ""
     path = next((p for p in (name, os.path.join(args.data_path_prefix, name)) if name and os.path.exists(p)), None)
     if path is None:
@@ -388,16 +388,8 @@ def load_pretrained_weights(args, network):
     elif os.path.isdir(path):
         state_dict, _, _ = load_checkpoint_state(path, unpickle_fallback=False)
     else:
-        try:
-            state_dict = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for a file it cannot read
-            raise InputError(f"{path}: not a torch state dict ({load_error_detail(path, e)})") from None
-        state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
-        if not isinstance(state_dict, dict):
-            raise InputError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
+        state_dict = read_state_dict_file(path)
     if getattr(network.bert.encoder, "uses_transformer_kernel", False):
-        from turing.hf_convert import to_transformer_kernel_layout
-
         state_dict = to_transformer_kernel_layout(state_dict)
     own = network.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
@@ -473,16 +465,8 @@ def prepare_model_optimizer(args):
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints
-#
-# A checkpoint folder OUT/saved_models/JOB/TAG is complete once COMPLETE_MARKER is in it; only
-# then does `latest` (written by us, atomically) name it. Tags: epoch{E}_step{S} after an
-# epoch, step{S} for interval and stop checkpoints (mid-epoch, with the position inside it).
-# Folders without markers (the original program's, DeepSpeed's own, copies) are resumed from
-# only when no complete checkpoint is beside them, and only once they load.
+# Checkpoints (folders, tags, the completion marker and pruning: turing/checkpoint.py)
 
-COMPLETE_MARKER = "checkpoint_complete.json"
-ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
 CLIENT_STATE_KEYS = ("epoch", "last_global_step", "last_global_data_samples")
 
 
@@ -544,39 +528,7 @@ def save_run_files(args, folder):
     plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
     for name, content in (("job_config.json", args.config), ("args.json", plain),
                           ("ds_config.json", args.ds_config)):
-        _write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
-
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path, text):
-    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync(os.path.dirname(path))
-
-
-def sync_folder(folder):
-    """fsync every file under `folder`, then the folders (so their new entries last too)."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            _fsync(os.path.join(root, name))
-        _fsync(root)
+        write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
 
 
 def save_checkpoint(args, model, state, tag):
@@ -603,8 +555,8 @@ def save_checkpoint(args, model, state, tag):
         _barrier()
         if is_master:
             save_run_files(args, folder)
-            _write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
-            _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+            write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
+            write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
     except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
         raise checkpoint_not_written(args, folder, e) from e
     if is_master:
@@ -626,119 +578,6 @@ def checkpoint_not_written(args, folder, error):
     return CheckpointNotWritten(
         f"checkpoint {folder} could not be written ({type(error).__name__}: {reason}; {free_mib:.1f} MiB free "
         f"there): removed it; {newest}, `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
-
-
-def _step_of(tag):
-    match = re.fullmatch(r"(?:epoch\d+_)?(?:global_)?step(\d+)", tag)
-    return int(match.group(1)) if match else -1
-
-
-def _tag_order(tag):
-    return _step_of(tag), tag.startswith("epoch")
-
-
-def complete_tags(path):
-    """Complete checkpoint tags in a folder, oldest first (by global step)."""
-    if not os.path.isdir(path):
-        return []
-    tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
-    return sorted(tags, key=_tag_order)
-
-
-def engine_tags(path):
-    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
-    if not os.path.isdir(path):
-        return []
-    tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
-    return sorted(tags, key=_tag_order)
-
-
-def holds_checkpoints(path):
-    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
-    return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
-
-
-def checkpoint_damage(folder):
-    """Why the checkpoint in `folder` cannot load, found without loading it; None when it looks
-    whole. A torch file is a zip archive whose directory sits at its end: cut short, it has none."""
-    names = sorted(os.listdir(folder))
-    if not any(n.endswith(ENGINE_FILE_SUFFIX) for n in names):
-        return f"no *{ENGINE_FILE_SUFFIX} file"
-    for name in (n for n in names if n.endswith(".pt")):
-        with open(os.path.join(folder, name), "rb") as f:
-            head = f.read(4)
-        if not head:
-            return f"{name} is empty"
-        if head == b"PK\x03\x04":  # torch's zip format (the legacy pickle format is left to the loader)
-            try:
-                zipfile.ZipFile(os.path.join(folder, name)).close()
-            except zipfile.BadZipFile:
-                return f"{name} is cut short or damaged"
-    return None
-
-
-def prune_interval_checkpoints(path, keep_last, keep):
-    """Remove all but the newest `keep_last` step{S} checkpoints; never `keep` (the latest)."""
-    if keep_last <= 0:
-        return
-    interval = [t for t in complete_tags(path) if t.startswith("step")]
-    for tag in interval[:-keep_last]:
-        if tag != keep:
-            shutil.rmtree(os.path.join(path, tag), ignore_errors=True)
-            logger.info("Removed old interval checkpoint %s", tag)
-
-
-def resume_candidates(path, tag, warn=logger.warning):
-    """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
-    'latest': the tag the latest file names, else the newest).
-
-    Where the folder holds complete checkpoints, only they count (a tag without the marker was
-    being written when its run died); a folder without any (written by the original program,
-    by DeepSpeed directly, or copied without the markers) offers every tag folder with engine
-    files. The tag asked for comes first; older ones follow as fall-backs. Tags whose files are
-    cut short are left out, with a warning; none left is an InputError.
-    """
-    if not os.path.isdir(path):
-        raise InputError(f"{path}: checkpoint folder not found (--load_training_checkpoint)")
-    complete = complete_tags(path)
-    pool = complete or engine_tags(path)
-    if tag in (None, "latest"):
-        latest = os.path.join(path, "latest")
-        if os.path.isfile(latest):
-            with open(latest) as f:
-                tag = f.read().strip()
-        elif pool:
-            tag = pool[-1]
-        else:
-            raise InputError(f"{path}: no checkpoint there (no 'latest' file, no tag folder with "
-                             f"*{ENGINE_FILE_SUFFIX}); give --load_checkpoint_id TAG or another folder")
-    elif not os.path.isdir(os.path.join(path, tag)):
-        tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-        raise InputError(f"{os.path.join(path, tag)}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
-                         f"tags there: {', '.join(tags) or 'none'}")
-    folder = os.path.join(path, tag)
-    if tag not in pool:
-        warn("Checkpoint %s is missing or incomplete (no %s: killed while writing?)", folder, COMPLETE_MARKER)
-    elif not complete:
-        warn("Checkpoint %s has no %s (written by the original program, by DeepSpeed directly, or copied "
-             "without it): resuming from it if it loads", folder, COMPLETE_MARKER)
-    candidates = ([tag] if tag in pool else []) + [
-        t for t in reversed(pool) if t != tag and (_tag_order(t) <= _tag_order(tag) or _step_of(tag) < 0)]
-    usable, damaged = [], []
-    for candidate in candidates:
-        damage = checkpoint_damage(os.path.join(path, candidate))
-        if damage is None:
-            usable.append(candidate)
-        else:
-            damaged.append(f"{candidate}: {damage}")
-            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
-    if not usable:
-        raise InputError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
-                         f"move the folder away to start fresh, or give another --job_name")
-    if usable[0] != tag:
-        warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
-    return usable
 
 
 def load_first_loadable(model, path, tag):
@@ -774,8 +613,6 @@ def check_checkpoint_fits(model, folder):
     """Refuse, in one line, a checkpoint whose model has other sizes than this run's (DeepSpeed's
     strict load would end in a long size-mismatch traceback). The model states file is mapped,
     not read; a file this check cannot open is left to DeepSpeed."""
-    from turing.hf_convert import MODEL_STATES_FILE, numpy_array_globals
-
     path = os.path.join(folder, MODEL_STATES_FILE)
     try:
         with torch.serialization.safe_globals(numpy_array_globals()):
@@ -1199,16 +1036,13 @@ def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
-            # One forward for the scores; the loss is the model's: MLM cross-entropy
-            # over the masked positions (0 without any) + NSP cross-entropy, in fp32.
+            # One forward for the scores (for the accuracies); the loss is the model's, in fp32.
             scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
             labels = batch.masked_lm_labels
             masked = labels != -1
-            mlm_loss = (F.cross_entropy(scores[masked].float(), labels[masked], reduction="sum")
-                        / masked.sum().clamp(min=1))
-            loss = mlm_loss
-            if args.next_sentence_prediction:
-                loss = loss + F.cross_entropy(nsp_scores.float(), batch.next_sentence_labels, ignore_index=-1)
+            loss = pretraining_loss(masked_lm_loss_of_scores(scores, labels),
+                                    nsp_scores.float() if args.next_sentence_prediction else None,
+                                    batch.next_sentence_labels)
             correct = (scores.argmax(-1) == labels) & masked
             nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),

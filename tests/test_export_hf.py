@@ -17,9 +17,10 @@ import torch  # noqa: E402
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
 from tests.synthetic import SPECIALS, make_data_root  # noqa: E402
 from tools import export_hf  # noqa: E402
-from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, CheckpointNotFoundError,  # noqa: E402
-                               ConversionError, hf_to_ours, is_hf_folder, load_checkpoint_state,
-                               load_hf_folder, ours_to_hf)
+from turing.checkpoint import load_checkpoint_state  # noqa: E402
+from turing.errors import CheckpointNotFoundError, ConversionError  # noqa: E402
+from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, hf_to_ours, is_hf_folder, load_hf_folder,  # noqa: E402
+                               ours_to_hf)
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
 

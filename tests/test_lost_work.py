@@ -75,7 +75,7 @@ def three_steps(data_root, tmp_path_factory):
     written, and the validation passes made."""
     out = tmp_path_factory.mktemp("three_steps")
     synced, unsynced, validations = set(), {}, []
-    real_fsync, real_write, real_validation = os.fsync, deepspeed_train._write_atomic, \
+    real_fsync, real_write, real_validation = os.fsync, deepspeed_train.write_atomic, \
         deepspeed_train.pretrain_validation
 
     def fsync(fd):
@@ -96,7 +96,7 @@ def three_steps(data_root, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "fsync", fsync)
-        mp.setattr(deepspeed_train, "_write_atomic", write_atomic)
+        mp.setattr(deepspeed_train, "write_atomic", write_atomic)
         mp.setattr(deepspeed_train, "pretrain_validation", validation)
         train_in_process(data_root, out, TINY_DS, "--max_steps", 3, "--checkpoint_every_steps", 2,
                          "--validation_data_path_prefix", data_root / "nvidia" / "128")

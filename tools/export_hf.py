@@ -34,8 +34,8 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError,  # noqa: E402
-                               load_checkpoint_state, ours_to_hf, resolve_checkpoint_tag_dir)
+from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir  # noqa: E402
+from turing.hf_convert import HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError, ours_to_hf  # noqa: E402
 from turing.jsonfile import read_json  # noqa: E402
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded  # noqa: E402
@@ -223,8 +223,8 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
     present = check_output_dir(output_dir, overwrite)
 
-    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
-    state_dict, job_config, run_args = load_checkpoint_state(checkpoint_dir, tag)
+    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag, folder_flag="--checkpoint_dir", tag_flag="--tag")
+    state_dict, job_config, run_args = load_checkpoint_state(tag_dir)
     cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
     if job_config is not None:
         source = os.path.join(tag_dir, "job_config.json")

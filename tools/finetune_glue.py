@@ -62,7 +62,8 @@ from tools.export_hf import ExportError, find_vocab_file  # noqa: E402
 from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,  # noqa: E402
                          encode, find_task, label_string, majority_baseline, read_examples,
                          results_table, task_score, tasks_in)
-from turing.hf_convert import is_hf_folder, load_hf_folder, resolve_checkpoint_tag_dir  # noqa: E402
+from turing.checkpoint import resolve_checkpoint_tag_dir  # noqa: E402
+from turing.hf_convert import is_hf_folder, load_hf_folder  # noqa: E402
 from turing.jsonfile import read_json  # noqa: E402
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded  # noqa: E402

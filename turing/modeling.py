@@ -35,7 +35,7 @@ not change. It has no dropout on the attention probabilities (neither had DeepSp
 Transformer kernel (CUDA only): the encoder layers are DeepSpeed's `DeepSpeedTransformerLayer`,
 whose parameters are named attn_qkvw, attn_qkvb, attn_ow, ..., norm_b (the original's
 checkpoints of kernel runs have those keys). The encoder's load_state_dict accepts either
-layout and converts to its own (`turing.hf_convert`), so weights move between kernel and plain
+layout and converts to its own (`turing.kernel_layout`), so weights move between kernel and plain
 runs. Differences from the plain layer: the kernel's GELU is the tanh approximation, and it
 cannot scale its branches (no progressive layer drop) or be recomputed by
 torch.utils.checkpoint (its own memory flags do that job). NOT run in this project's CPU tests:
@@ -56,6 +56,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
 logger = logging.getLogger(__name__)
@@ -461,8 +462,6 @@ def _load_layers_in_own_layout(encoder, state_dict, prefix, *_):
     """load_state_dict pre-hook of BertEncoder: rename incoming layer weights to the layout
     this encoder has (the original's names, or the transformer kernel's), so checkpoints of either
     kind load into both. Edits `state_dict` in place (load_state_dict passes a copy)."""
-    from turing.hf_convert import from_transformer_kernel_layout, to_transformer_kernel_layout
-
     convert = to_transformer_kernel_layout if encoder.uses_transformer_kernel else from_transformer_kernel_layout
     layer_prefix = prefix + "layer."
     keys = [k for k in state_dict if k.startswith(layer_prefix)]
@@ -686,6 +685,24 @@ def _sparse_self_attention(config, args):
     return SparseSelfAttention(sparsity_config, max_seq_length=config.max_position_embeddings)
 
 
+def masked_lm_loss_of_scores(prediction_scores, masked_lm_labels):
+    """The MLM term from full prediction scores (B, L, V): cross-entropy in fp32, averaged over the
+    positions whose label is not -1; 0 for a batch without any (not the NaN of a mean over
+    nothing). The training forward computes the same term on the masked rows only."""
+    masked = masked_lm_labels != -1
+    return (F.cross_entropy(prediction_scores[masked].float(), masked_lm_labels[masked], reduction="sum")
+            / masked.sum().clamp(min=1))
+
+
+def pretraining_loss(masked_lm_loss, nsp_scores, next_sentence_labels):
+    """The pretraining loss, for training and validation alike: the MLM term plus the NSP
+    cross-entropy (labels -1 ignored), or the MLM term alone where `nsp_scores` is None (the
+    job config's next_sentence_prediction false)."""
+    if nsp_scores is None:
+        return masked_lm_loss
+    return masked_lm_loss + F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
+
+
 class BertForPreTrainingPreLN(nn.Module):
     """BERT with the MLM and NSP heads; `forward(batch)` returns the pretraining loss.
 
@@ -778,11 +795,8 @@ class BertForPreTrainingPreLN(nn.Module):
         masked_lm_loss = _LinearCrossEntropy.apply(
             predictions.transform(masked_output), predictions.decoder.weight, predictions.bias,
             flat_labels.index_select(0, masked_positions))
-        if not self.next_sentence_prediction:
-            return masked_lm_loss
-        nsp_scores = self.cls.seq_relationship(pooled_output)
-        next_sentence_loss = F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
-        return masked_lm_loss + next_sentence_loss
+        nsp_scores = self.cls.seq_relationship(pooled_output) if self.next_sentence_prediction else None
+        return pretraining_loss(masked_lm_loss, nsp_scores, next_sentence_labels)
 
     def predict(self, input_ids, segment_ids, input_mask):
         """Scores for every position: (prediction_scores (B, L, V), nsp_scores (B, 2))."""
