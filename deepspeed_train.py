@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
@@ -40,7 +41,7 @@ from turing.kernel_layout import to_transformer_kernel_layout
 from turing.lamb import find_lamb_coeffs
 from turing.modeling import BertConfig, BertConfigError, masked_lm_loss_of_scores, pretraining_loss
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
-from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
+from utils import Ranks, get_argument_parser, is_time_to_exit
 
 logger = logging.getLogger("bing_bert")
 
@@ -291,15 +292,14 @@ def resolve_batch_sizes(ds_config, world, path):
 
 
 def master_process(args=None):
-    """True on global rank 0 (or when no process group exists)."""
-    return get_rank_and_world()[0] == 0
+    """The original's call: True on global rank 0 (or when no process group exists)."""
+    return Ranks.current().is_main
 
 
-def setup_logging(args, is_master):
-    level = getattr(logging, args.log_level.upper()) if is_master else logging.WARNING
-    rank = get_rank_and_world()[0]
+def setup_logging(args, ranks):
+    level = getattr(logging, args.log_level.upper()) if ranks.is_main else logging.WARNING
     logging.basicConfig(level=level, force=True,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s [rank {ranks.rank}] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bing_bert").setLevel(level)
 
 
@@ -317,13 +317,15 @@ def ensure_process_group_env():
 def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
-    derive them from its config. Safe to call again."""
+    derive them from its config; returns this process's Ranks. Safe to call again."""
     import deepspeed
 
     ensure_process_group_env()
     deepspeed.init_distributed()
+    ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
-        args.ds_config, get_rank_and_world()[1], args.deepspeed_config)
+        args.ds_config, ranks.world, args.deepspeed_config)
+    return ranks
 
 
 def set_seeds(seed):
@@ -435,7 +437,7 @@ def prepare_model_optimizer(args):
     from turing.lamb import build_lamb_if_needed
     from turing.models import BertMultiTask
 
-    setup_distributed(args)
+    ranks = setup_distributed(args)
     _check_optimizer_support(args.ds_config, args.deepspeed_config)
     model = BertMultiTask(args)
     if args.use_pretrain:
@@ -458,7 +460,7 @@ def prepare_model_optimizer(args):
     model.set_device(model.network.device)
     args.device = model.network.device
     args.fp16 = model.network.fp16_enabled()
-    model.session = RunContext(args, RunState(
+    model.session = RunContext(args, ranks, RunState(
         seq_length=args.max_seq_length, micro_batch=args.train_micro_batch_size_per_gpu,
         grad_accum=args.gradient_accumulation_steps))
     return model, optimizer
@@ -541,7 +543,8 @@ def save_checkpoint(args, model, state, tag):
     folder is removed, the previous checkpoints and `latest` are untouched.
     """
     folder = os.path.join(args.saved_model_path, tag)
-    is_master = master_process(args)
+    ranks = model.session.ranks
+    is_master = ranks.is_main
     logger.info("Saving checkpoint %s", folder)
     try:
         marker = os.path.join(folder, COMPLETE_MARKER)
@@ -550,7 +553,7 @@ def save_checkpoint(args, model, state, tag):
         checkpoint_model(args.saved_model_path, tag, model, **state.client_state(),
                          rng_states=_all_ranks(rng_states()))
         _barrier()
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if ranks.is_node_main:
             sync_folder(folder)
         _barrier()
         if is_master:
@@ -558,19 +561,19 @@ def save_checkpoint(args, model, state, tag):
             write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
             write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
     except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
-        raise checkpoint_not_written(args, folder, e) from e
+        raise checkpoint_not_written(args, folder, e, ranks) from e
     if is_master:
         prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
 
 
-def checkpoint_not_written(args, folder, error):
+def checkpoint_not_written(args, folder, error, ranks):
     """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
     folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
     logger.debug("Checkpoint write failed", exc_info=error)
     free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20  # as the failed write found it
-    if master_process(args):
+    if ranks.is_main:
         shutil.rmtree(folder, ignore_errors=True)
     complete = complete_tags(args.saved_model_path)
     reason = (str(error).strip().splitlines() or [""])[0]
@@ -682,7 +685,7 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
     restore_run_state(args, model.session.state, RunState.from_client_state(client_state), folder)
-    rank, world = get_rank_and_world()
+    rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
         set_rng_states(saved_rng[rank])
@@ -789,16 +792,35 @@ def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_
 # Reporting
 
 
+THROUGHPUT_PERIOD = 20  # optimizer steps between throughput points (the progress period is --print_steps)
+
+
+def write_metrics(writer, step, values):
+    """The one place metrics reach TensorBoard: every {tag: value} at x = `step`. A string is
+    written as text, a list or array of numbers as a histogram, anything else as a scalar.
+    Without a writer (ranks other than 0) nothing is written."""
+    if writer is None:
+        return
+    for tag, value in values.items():
+        if isinstance(value, str):
+            writer.add_text(tag, value, step)
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            writer.add_histogram(tag, np.asarray(value), step)
+        else:
+            writer.add_scalar(tag, value, step)
+
+
 class Reporter:
-    """TensorBoard (rank 0) + progress lines. Losses stay on the device until a print step."""
+    """TensorBoard (rank 0) + progress lines. Every metric goes through `log(step, {tag: value})`.
+    Losses stay on the device until a progress step (every --print_steps optimizer steps);
+    throughput is measured over THROUGHPUT_PERIOD steps."""
 
-    def __init__(self, args, is_master):
+    def __init__(self, args, ranks):
         self.args = args
-        self.is_master = is_master
+        self.ranks = ranks
+        self.is_master = ranks.is_main
         self.writer = None
-        if is_master:
-            from tensorboardX import SummaryWriter
-
+        if ranks.is_main:
             # a unique suffix: a resumed session in the same second must not overwrite the file
             self.writer = SummaryWriter(args.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
@@ -806,26 +828,31 @@ class Reporter:
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
         self.train_seconds = None  # training time at the end of the last optimizer step
 
+    def log(self, step, values):
+        """Write {tag: value} at x = `step` (rank 0; a no-op elsewhere)."""
+        write_metrics(self.writer, step, values)
+
     def step(self, state, lr, loss, data_wait, engine, ctx):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
         self.train_seconds = state.train_seconds + time.time() - ctx.session_start
         if self.writer is not None:
-            report_lamb_coefficients(self.args, engine, self.writer, state.global_step)
+            coeffs = find_lamb_coeffs(engine)
+            if coeffs:
+                self.log(state.global_step, {"Train/lamb_coeffs": coeffs})
             if self.args.progressive_layer_drop:
-                self.writer.add_scalar("Train/pld_theta", ctx.pld_theta(state.global_step - 1), state.global_step)
+                self.log(state.global_step, {"Train/pld_theta": ctx.pld_theta(state.global_step - 1)})
             if engine.fp16_enabled() and engine.skipped_steps != self.fp16_skipped:
                 # DeepSpeed's dynamic loss scale skipped this step (gradient overflow)
                 self.fp16_skipped = engine.skipped_steps
                 logger.warning("fp16 overflow: step %d skipped by the loss scaler (%d in all)",
                                state.global_step, self.fp16_skipped)
-                self.writer.add_scalar("Train/fp16_skipped_steps", self.fp16_skipped, state.global_step)
+                self.log(state.global_step, {"Train/fp16_skipped_steps": self.fp16_skipped})
         start, samples, waited = self.window
-        samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * \
-            get_rank_and_world()[1]
+        samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * self.ranks.world
         self.window = (start, samples, waited + data_wait)
         if state.global_step % self.args.print_steps == 0:
             self.flush()
-        if state.global_step % 20 == 0:
+        if state.global_step % THROUGHPUT_PERIOD == 0:
             self.throughput(state.global_step)
 
     def flush(self, to_disk=False):
@@ -839,7 +866,8 @@ class Reporter:
     def _write_pending(self):
         losses = torch.stack([p[3] for p in self.pending]).float().cpu().tolist()  # one sync
         for (step, samples, lr, _), loss in zip(self.pending, losses):
-            report_step_metrics(self.args, lr, loss, step, samples, self.writer)
+            self.log(step, {"Train/lr": lr})
+            self.log(samples, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
         step, samples, lr, _ = self.pending[-1]
         if self.is_master:
             logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d",
@@ -854,28 +882,24 @@ class Reporter:
         if self.is_master:
             logger.info("step %d: %.1f samples/s, %.1f%% of the time waiting for data", step, rate,
                         100 * waited / elapsed)
-            self.scalar("Train/samples_per_sec", rate, step)
-            self.scalar("Train/tokens_per_sec", rate * self.args.max_seq_length, step)
-            self.scalar("Train/data_wait_fraction", waited / elapsed, step)
+        self.log(step, {"Train/samples_per_sec": rate, "Train/tokens_per_sec": rate * self.args.max_seq_length,
+                        "Train/data_wait_fraction": waited / elapsed})
         self.window = (now, 0, 0.0)
 
-    def validation(self, state, loss, mlm_acc, nsp_acc):
-        """A validation point by global step, with the training time it took to get there
-        (`Validation/step/*` and `Validation/train_minutes`, x = global step), so accuracy
-        can be plotted against steps or minutes whatever the epoch length."""
+    def validation(self, state, index, epoch_end, loss, mlm_acc, nsp_acc):
+        """A validation result: by epoch (`Validation/*`, x = epoch number) at an epoch's end, and
+        always by global step with the training time it took to get there (`Validation/step/*`
+        and `Validation/train_minutes`, x = global step), so accuracy can be plotted against
+        steps or minutes whatever the epoch length. The NSP accuracy is left out when None."""
         minutes = (state.train_seconds if self.train_seconds is None else self.train_seconds) / 60
         if self.is_master:
             logger.info("Validation at step %d after %.2f min of training: loss=%.6f, mlm_accuracy=%.4f",
                         state.global_step, minutes, loss, mlm_acc)
-        self.scalar("Validation/train_minutes", minutes, state.global_step)
-        self.scalar("Validation/step/Loss", loss, state.global_step)
-        self.scalar("Validation/step/MLM_accuracy", mlm_acc, state.global_step)
-        if nsp_acc is not None:
-            self.scalar("Validation/step/NSP_accuracy", nsp_acc, state.global_step)
-
-    def scalar(self, tag, value, step):
-        if self.writer is not None:
-            self.writer.add_scalar(tag, value, step)
+        values = {"Loss": loss, "MLM_accuracy": mlm_acc, **({} if nsp_acc is None else {"NSP_accuracy": nsp_acc})}
+        if epoch_end:
+            self.log(index + 1, {f"Validation/{k}": v for k, v in values.items()})
+        self.log(state.global_step, {"Validation/train_minutes": minutes,
+                                     **{f"Validation/step/{k}": v for k, v in values.items()}})
 
     def close(self):
         self.flush()
@@ -887,21 +911,19 @@ class Reporter:
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
-    """One optimizer step's metrics to TensorBoard, under the original's tags: Train/lr by
-    step, Train/Samples/train_loss and Train/Samples/lr by samples seen."""
-    if writer is None:
-        return
-    writer.add_scalar("Train/lr", lr, step)
-    writer.add_scalar("Train/Samples/train_loss", loss, data_sample_count)
-    writer.add_scalar("Train/Samples/lr", lr, data_sample_count)
+    """The original's call: one optimizer step's metrics to `writer`, under the original's tags
+    (Train/lr by step, Train/Samples/train_loss and Train/Samples/lr by samples seen); the
+    training loop writes the same through Reporter.log."""
+    write_metrics(writer, step, {"Train/lr": lr})
+    write_metrics(writer, data_sample_count, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
 
 
 def report_lamb_coefficients(args, optimizer, writer=None, step=0):
     """The last step's LAMB coefficients (None without LAMB), written as the `Train/lamb_coeffs`
     histogram at `step` when a writer is given. `optimizer`: DeepSpeed's optimizer or the engine."""
     coeffs = find_lamb_coeffs(optimizer)
-    if coeffs and writer is not None:
-        writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), step)
+    if coeffs:
+        write_metrics(writer, step, {"Train/lamb_coeffs": coeffs})
     return coeffs
 
 
@@ -916,9 +938,9 @@ def get_dataloader(args, dataset, eval_set=False):
     batch_size = args.train_micro_batch_size_per_gpu
     if eval_set:
         batch_size = max(1, batch_size // 2)
-    rank, world = get_rank_and_world()
-    if world > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+    ranks = Ranks.current()
+    if ranks.world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=ranks.world, rank=ranks.rank, shuffle=False)
     else:
         sampler = SequentialSampler(dataset)
     # its own generator: building the iterator must not draw from the global torch RNG
@@ -1019,14 +1041,12 @@ def claim_job_folder(args, is_master):
 # Validation
 
 
-def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end=True):
+def pretrain_validation(args, index, model, epoch_end=True):
     """Loss and MLM accuracy over the validation set, averaged over all ranks; None without
-    --validation_data_path_prefix. Written to the session's reporter unless one is given: by
-    epoch (at an epoch's end) and, given the run state, by global step with the training minutes."""
+    --validation_data_path_prefix. Written to the session's reporter: by epoch (at an epoch's
+    end) and by global step with the training minutes."""
     if args.validation_data_path_prefix is None:
         return None
-    if reporter is None:
-        reporter = model.session.reporter
     dataset = open_validation_set(args)
     loader = get_dataloader(args, dataset, eval_set=True)
     model.eval()
@@ -1060,14 +1080,7 @@ def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end
         nsp_acc = None  # the NSP head is not trained: its accuracy means nothing
     logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%s", index + 1, loss,
                 mlm_acc, "off" if nsp_acc is None else f"{nsp_acc:.4f}")
-    if reporter is not None:
-        if epoch_end:
-            reporter.scalar("Validation/Loss", loss, index + 1)
-            reporter.scalar("Validation/MLM_accuracy", mlm_acc, index + 1)
-            if nsp_acc is not None:
-                reporter.scalar("Validation/NSP_accuracy", nsp_acc, index + 1)
-        if state is not None:
-            reporter.validation(state, loss, mlm_acc, nsp_acc)
+    model.session.reporter.validation(model.session.state, index, epoch_end, loss, mlm_acc, nsp_acc)
     return loss, mlm_acc
 
 
@@ -1254,8 +1267,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
                        "(%d samples unused)", index + 1, local_total, total,
                        (local_total - total) * args.train_micro_batch_size_per_gpu)
     total = min(total, epoch_micro_batches_allowed(args, start))
-    _, world = get_rank_and_world()
-    samples_per_micro = args.train_micro_batch_size_per_gpu * world
+    samples_per_micro = args.train_micro_batch_size_per_gpu * ctx.ranks.world
     accum = args.gradient_accumulation_steps
     step_loss, data_wait, stop = None, 0.0, None
     model.train()
@@ -1317,7 +1329,7 @@ def validate_in_epoch(args, index, model, reporter, state, ctx):
     the time it takes is not training time (the clock of --max_train_hours and of the budget
     schedule is moved on by it)."""
     started = time.time()
-    pretrain_validation(args, index, model, reporter, state, epoch_end=False)
+    pretrain_validation(args, index, model, epoch_end=False)
     ctx.session_start += time.time() - started
 
 
@@ -1328,7 +1340,7 @@ def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
     state.nonfinite_total += 1
     logger.warning("Non-finite loss at global step %d: step skipped (%d in a row, %d in all)",
                    state.global_step + 1, state.nonfinite_in_a_row, state.nonfinite_total)
-    reporter.scalar("Train/nonfinite_steps", state.nonfinite_total, state.global_step + 1)
+    reporter.log(state.global_step + 1, {"Train/nonfinite_steps": state.nonfinite_total})
     if state.nonfinite_in_a_row >= args.max_nonfinite_steps:
         stop_with_checkpoint(args, model, state, reporter, ctx,
                              f"{state.nonfinite_in_a_row} non-finite losses in a row (--max_nonfinite_steps); "
@@ -1347,8 +1359,9 @@ class RunContext:
     and the session's clock. prepare_model_optimizer() keeps it on the model (`model.session`),
     where the original's calls, which pass only (args, model, ...), find it."""
 
-    def __init__(self, args, state):
+    def __init__(self, args, ranks, state):
         self.args = args
+        self.ranks = ranks
         self.state = state
         self.signals = StopSignals()
         self.session_start = time.time()
@@ -1358,7 +1371,7 @@ class RunContext:
     def reporter(self):
         """TensorBoard (rank 0) and progress lines, opened at first use."""
         if self._reporter is None:
-            self._reporter = Reporter(self.args, master_process())
+            self._reporter = Reporter(self.args, self.ranks)
         return self._reporter
 
     def close(self):
@@ -1413,7 +1426,7 @@ def run(args, model, optimizer, start_epoch, provider=None):
         elif stop is not None:
             save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
         if args.validation_data_path_prefix and not args.finetune:
-            pretrain_validation(args, index, model, reporter, state)
+            pretrain_validation(args, index, model)
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
         if stop is not None:
             logger.warning("Stopping: %s reached at epoch %d, global step %d",
@@ -1439,9 +1452,9 @@ def main(argv=None):
 
 
 def _main(args):
-    setup_distributed(args)
-    is_master = master_process(args)
-    setup_logging(args, is_master)
+    ranks = setup_distributed(args)
+    is_master = ranks.is_main
+    setup_logging(args, ranks)
     set_seeds(args.seed)
     if is_master:
         os.makedirs(args.saved_model_path, exist_ok=True)
@@ -1460,8 +1473,7 @@ def _main(args):
         model, optimizer = prepare_model_optimizer(args)
         session = model.session
         start_epoch = load_checkpoint(args, model)
-        if is_master:
-            session.reporter.writer.add_text("config", json.dumps(args.config, indent=2))
+        session.reporter.log(None, {"config": json.dumps(args.config, indent=2)})
         session.signals.install()
         run(args, model, optimizer, start_epoch, provider)
     finally:

@@ -1,9 +1,11 @@
 """Command line of deepspeed_train.py and small helpers shared by the script and the providers.
 
 Owns: the argument parser, rank/world lookup that works with or without
-an initialised process group, and the time-to-exit check used by the step loop.
+an initialised process group (`Ranks`: decided once per process), and the time-to-exit check used by the step loop.
 """
 import argparse
+import dataclasses
+import os
 import sys
 
 import torch.distributed as dist
@@ -117,6 +119,30 @@ def get_rank_and_world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job, decided once the process group is up (`current()`):
+    global rank, world size, rank on its node. Rank 0 is the main process: it logs at the
+    chosen level, writes TensorBoard, the run files and `latest`; rank 0 of each node fsyncs
+    checkpoint files."""
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def is_node_main(self):
+        return self.local_rank == 0
+
+    @classmethod
+    def current(cls):
+        rank, world = get_rank_and_world()
+        return cls(rank, world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def is_time_to_exit(args, epoch_steps=None, global_steps=None):
