@@ -56,36 +56,45 @@ COOLDOWN_SHAPES = ("linear", "1-sqrt")
 @dataclasses.dataclass
 class RunState:
     """Everything that counts progress, and the phase and batch layout it was counted in; saved
-    whole in every checkpoint's client state (ints and floats only, so a checkpoint loads with
-    torch.load(..., weights_only=True))."""
+    in every checkpoint's client state (ints and floats only, so a checkpoint loads with
+    torch.load(..., weights_only=True)) under the keys of CLIENT_KEYS, and read back by
+    `from_client_state`. A new field is saved and restored once it has a line there."""
     epoch: int = 0                  # epochs finished (= index of the epoch in progress)
     epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
     global_step: int = 0            # optimizer steps taken
     global_data_samples: int = 0    # samples seen (all ranks)
     rewarmup_offset: int = 0        # global step at which the LR warmup (re)started
     train_seconds: float = 0.0      # training wall time of earlier sessions (--max_train_hours)
-    restore_step: int = 0           # global step at the restore; --max_steps counts from here
-    nonfinite_in_a_row: int = 0
+    restore_step: int = 0           # not saved: the global step this session was restored at
+    nonfinite_in_a_row: int = 0     # not saved: a run stopped by them resumes counting afresh
     nonfinite_total: int = 0
     seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
     micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
     grad_accum: int = 0             # gradient accumulation steps, likewise
 
-    SAVED = ("epoch_micro_step", "rewarmup_offset", "train_seconds", "nonfinite_total", "seq_length",
-             "micro_batch", "grad_accum")
+    # field -> client-state key. The first three are the original's keys (and the only ones its
+    # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
+    CLIENT_KEYS = {"epoch": "epoch", "global_step": "last_global_step",
+                   "global_data_samples": "last_global_data_samples",
+                   "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
+                   "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
+                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum"}
+    REQUIRED = ("epoch", "global_step", "global_data_samples")
+    LAYOUT = ("seq_length", "micro_batch", "grad_accum")  # this run's own, never taken from a checkpoint
 
-    def client_state(self):
-        return {"epoch": self.epoch, "last_global_step": self.global_step,
-                "last_global_data_samples": self.global_data_samples,
-                **{name: getattr(self, name) for name in self.SAVED}}
+    def to_client_state(self):
+        return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
+
+    @classmethod
+    def missing_keys(cls, client):
+        """The required client-state keys `client` lacks (not written by this program or the original)."""
+        return [cls.CLIENT_KEYS[name] for name in cls.REQUIRED if cls.CLIENT_KEYS[name] not in client]
 
     @classmethod
     def from_client_state(cls, client):
         """The run state a checkpoint saved; fields it lacks (older or the original's
         checkpoints) keep their defaults."""
-        return cls(epoch=client["epoch"], global_step=client["last_global_step"],
-                   global_data_samples=client["last_global_data_samples"],
-                   **{name: client[name] for name in cls.SAVED if name in client})
+        return cls(**{name: client[key] for name, key in cls.CLIENT_KEYS.items() if key in client})
 
 
 class StopTraining(Exception):
@@ -469,7 +478,6 @@ def prepare_model_optimizer(args):
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (folders, tags, the completion marker and pruning: turing/checkpoint.py)
 
-CLIENT_STATE_KEYS = ("epoch", "last_global_step", "last_global_data_samples")
 
 
 class CheckpointNotWritten(StopTraining):
@@ -478,11 +486,17 @@ class CheckpointNotWritten(StopTraining):
 
 
 def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_data_samples, **kwargs):
-    """Save through the engine (every rank takes part) with the run state as client state."""
-    client_state = {"epoch": epoch, "last_global_step": last_global_step,
-                    "last_global_data_samples": last_global_data_samples, **kwargs}
-    if not model.network.save_checkpoint(PATH, ckpt_id, client_state, save_latest=False):
-        raise RuntimeError(f"checkpoint {PATH}/{ckpt_id} was not written")
+    """The original's call: save through the engine with the run position (its parameters are
+    the client-state keys) and any other client state in `kwargs`. Training saves through
+    save_checkpoint, which makes the checkpoint complete."""
+    write_engine_checkpoint(model, PATH, ckpt_id, {"epoch": epoch, "last_global_step": last_global_step,
+                                                   "last_global_data_samples": last_global_data_samples, **kwargs})
+
+
+def write_engine_checkpoint(model, path, tag, client_state):
+    """The engine's files of path/tag (every rank takes part) with `client_state`."""
+    if not model.network.save_checkpoint(path, tag, client_state, save_latest=False):
+        raise RuntimeError(f"checkpoint {path}/{tag} was not written")
 
 
 def rng_states():
@@ -550,8 +564,8 @@ def save_checkpoint(args, model, state, tag):
         marker = os.path.join(folder, COMPLETE_MARKER)
         if is_master and os.path.exists(marker):
             os.remove(marker)  # written again under the same tag: incomplete until whole again
-        checkpoint_model(args.saved_model_path, tag, model, **state.client_state(),
-                         rng_states=_all_ranks(rng_states()))
+        write_engine_checkpoint(model, args.saved_model_path, tag,
+                                {**state.to_client_state(), "rng_states": _all_ranks(rng_states())})
         _barrier()
         if ranks.is_node_main:
             sync_folder(folder)
@@ -596,7 +610,7 @@ def load_first_loadable(model, path, tag):
         except Exception as e:  # noqa: BLE001 - torch and DeepSpeed raise many types for a file they cannot read
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         else:
-            missing = [k for k in CLIENT_STATE_KEYS if k not in (client_state or {})]
+            missing = RunState.missing_keys(client_state or {})
             if client_state is None:
                 why = "DeepSpeed could not load it"
             elif missing:
@@ -652,9 +666,9 @@ def restore_run_state(args, state, saved, folder):
       counters and epoch carry on, the position inside the epoch starts at 0, and --rewarmup
       restarts the LR warmup at the restored step, once (this phase's checkpoints record it).
     """
-    state.epoch, state.global_step, state.global_data_samples = saved.epoch, saved.global_step, \
-        saved.global_data_samples
-    state.train_seconds, state.nonfinite_total = saved.train_seconds, saved.nonfinite_total
+    for name in RunState.CLIENT_KEYS:
+        if name not in RunState.LAYOUT:
+            setattr(state, name, getattr(saved, name))
     state.restore_step = saved.global_step
     if saved.seq_length == state.seq_length:
         layout, saved_layout = (state.micro_batch, state.grad_accum), (saved.micro_batch, saved.grad_accum)
@@ -665,7 +679,6 @@ def restore_run_state(args, state, saved, folder):
                 f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
                 f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
                 f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
-        state.epoch_micro_step, state.rewarmup_offset = saved.epoch_micro_step, saved.rewarmup_offset
         if args.rewarmup:
             logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
                         "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
@@ -684,14 +697,15 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     returns (epoch, last_global_step, last_global_data_samples) as the original did."""
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
-    restore_run_state(args, model.session.state, RunState.from_client_state(client_state), folder)
+    saved = RunState.from_client_state(client_state)
+    restore_run_state(args, model.session.state, saved, folder)
     rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
         set_rng_states(saved_rng[rank])
     elif saved_rng is not None:
         logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
-    return client_state["epoch"], client_state["last_global_step"], client_state["last_global_data_samples"]
+    return saved.epoch, saved.global_step, saved.global_data_samples
 
 
 def resume_source(args):

@@ -273,7 +273,7 @@ def test_auto_resume_refuses_checkpoints_without_markers_that_do_not_load(damage
             truncate(model_file)
         else:                                  # DeepSpeed's save_checkpoint without our client state
             state = torch.load(model_file, weights_only=False)
-            for key in deepspeed_train.CLIENT_STATE_KEYS:
+            for key in deepspeed_train.RunState.CLIENT_KEYS.values():
                 del state[key]
             torch.save(state, model_file)
     before = folder_snapshot(out)
