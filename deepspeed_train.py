@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.kernel_layout import to_transformer_kernel_layout
 from turing.lamb import find_lamb_coeffs
-from turing.modeling import BertConfig, BertConfigError, masked_lm_loss_of_scores, pretraining_loss
+from turing.modeling import BertConfig, BertConfigError, ModelOptions, masked_lm_loss_of_scores, pretraining_loss
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import Ranks, get_argument_parser, is_time_to_exit
 
@@ -300,13 +301,85 @@ def resolve_batch_sizes(ds_config, world, path):
     return micro, accum
 
 
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The run's settings, built once (`from_args`) from the command line, the job config and
+    the DeepSpeed config once they are read and checked (construct_arguments) and the process
+    group is up (setup_distributed), and handed to every part of the program. Attribute names
+    are the command line's, so a function written for the original's `args` reads either;
+    `args` itself stays at the public boundary the original defined (construct_arguments,
+    prepare_model_optimizer, train, run, the checkpoint and validation calls)."""
+    # files and folders
+    config_file: str
+    deepspeed_config: str
+    output_dir: str
+    job_name: str
+    saved_model_path: str            # OUT/saved_models/JOB
+    tensorboard_path: str            # OUT/runs/JOB
+    data_path_prefix: str
+    validation_data_path_prefix: Optional[str]
+    vocab_file: str                  # resolved bert_token_file
+    vocab_size: int                  # the model's rows: the vocab file's lines, rounded up to a multiple of 8
+    # the configs, read and checked; config["training"] is this sequence length's section and
+    # config["data"]["datasets"] its data sets
+    config: dict
+    ds_config: dict
+    # data and batch layout
+    max_seq_length: int
+    max_predictions_per_seq: int
+    use_nvidia_dataset: bool
+    refresh_bucket_size: int
+    do_lower_case: bool
+    train_micro_batch_size_per_gpu: int   # as DeepSpeed derives it from ds_config
+    gradient_accumulation_steps: int
+    ranks: Ranks
+    # schedule and run control
+    lr_schedule: str
+    lr_offset: float
+    rewarmup: bool
+    seed: int
+    print_steps: int
+    max_steps: int
+    max_steps_per_epoch: int
+    max_train_hours: Optional[float]
+    validation_every_steps: int
+    finetune: bool
+    log_level: str
+    # checkpoints
+    auto_resume: bool
+    load_training_checkpoint: Optional[str]
+    load_checkpoint_id: Optional[str]
+    ckpt_to_save: Optional[tuple]
+    checkpoint_every_steps: int
+    keep_last_checkpoints: int
+    max_nonfinite_steps: int
+    use_pretrain: bool
+    # model
+    model: ModelOptions
+    next_sentence_prediction: bool
+    progressive_layer_drop: bool
+    compile: bool
+    # the resolved command line, as saved beside every checkpoint (args.json) and logged
+    arguments: dict
+
+    @classmethod
+    def from_args(cls, args, ranks):
+        """The config of a parsed, checked command line (construct_arguments) on `ranks`."""
+        same = {f.name for f in dataclasses.fields(cls)} - {"ranks", "model", "ckpt_to_save", "arguments"}
+        return cls(ranks=ranks, model=ModelOptions.from_args(args),
+                   ckpt_to_save=tuple(args.ckpt_to_save) if args.ckpt_to_save is not None else None,
+                   arguments={k: v for k, v in vars(args).items() if k not in ("config", "ds_config")},
+                   **{name: getattr(args, name) for name in same})
+
+
 def master_process(args=None):
     """The original's call: True on global rank 0 (or when no process group exists)."""
     return Ranks.current().is_main
 
 
-def setup_logging(args, ranks):
-    level = getattr(logging, args.log_level.upper()) if ranks.is_main else logging.WARNING
+def setup_logging(cfg):
+    ranks = cfg.ranks
+    level = getattr(logging, cfg.log_level.upper()) if ranks.is_main else logging.WARNING
     logging.basicConfig(level=level, force=True,
                         format=f"%(asctime)s [rank {ranks.rank}] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bing_bert").setLevel(level)
@@ -383,16 +456,16 @@ def _check_optimizer_support(ds_config, path):
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
 
 
-def load_pretrained_weights(args, network):
+def load_pretrained_weights(cfg, network):
     """--use_pretrain: start from `bert_model_file`, which is a state dict with the original's
     key names (.pt/.bin), a checkpoint folder of ours (its `latest` tag, or a tag folder), or
     a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
     be missing (an export drops them); they keep their fresh initialisation. Files are read
     with torch.load(weights_only=True) and never unpickled beyond that."""
-    name = args.config.get("bert_model_file") or ""
-    path = next((p for p in (name, os.path.join(args.data_path_prefix, name)) if name and os.path.exists(p)), None)
+    name = cfg.config.get("bert_model_file") or ""
+    path = next((p for p in (name, os.path.join(cfg.data_path_prefix, name)) if name and os.path.exists(p)), None)
     if path is None:
-        raise InputError(f"{args.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
+        raise InputError(f"{cfg.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
                          f"a state dict file, a checkpoint folder of this project or a Hugging Face export")
     if is_hf_folder(path):
         state_dict, _ = load_hf_folder(path)
@@ -433,13 +506,14 @@ def compile_model(network):
     logger.info("--compile: the model is compiled at its first forward (this takes a while)")
 
 
-def prepare_model_optimizer(args):
+def prepare_model_optimizer(args, cfg=None):
     """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer).
 
     Works on its own after construct_arguments(), as the original's did: it sets up the process
     group, fills args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps,
-    args.device and args.fp16, and starts the session (`model.session`: run state, reporter,
-    stop signals) that train(), run() and the checkpoint functions use.
+    args.device and args.fp16, and starts the session (`model.session`: the RunConfig `cfg`,
+    built here when not given, run state, reporter, stop signals) that train(), run() and the
+    checkpoint functions use.
     """
     import deepspeed
 
@@ -447,31 +521,32 @@ def prepare_model_optimizer(args):
     from turing.models import BertMultiTask
 
     ranks = setup_distributed(args)
-    _check_optimizer_support(args.ds_config, args.deepspeed_config)
-    model = BertMultiTask(args)
-    if args.use_pretrain:
-        load_pretrained_weights(args, model.network)
-    if args.compile:
+    cfg = cfg or RunConfig.from_args(args, ranks)
+    _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)
+    model = BertMultiTask(cfg)
+    if cfg.use_pretrain:
+        load_pretrained_weights(cfg, model.network)
+    if cfg.compile:
         compile_model(model.network)
-    groups = prepare_optimizer_parameters(args, model)
+    groups = prepare_optimizer_parameters(cfg, model)
     # Blocks DeepSpeed 0.19 no longer knows (and refuses) are ours to read: sparse attention
     # (the model builds it) and progressive layer drop (theta computed in RunContext).
-    engine_config = {k: v for k, v in args.ds_config.items()
+    engine_config = {k: v for k, v in cfg.ds_config.items()
                      if k not in ("sparse_attention", "progressive_layer_drop")}
     # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op.
     optimizer, engine_config = build_lamb_if_needed(engine_config, groups)
     model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
                                                           optimizer=optimizer, config=engine_config)
     engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
-    if engine_sizes != (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps):
+    if engine_sizes != (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps):
         raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "
-                           f"{(args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps)}")
+                           f"{(cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps)}")
     model.set_device(model.network.device)
     args.device = model.network.device
     args.fp16 = model.network.fp16_enabled()
-    model.session = RunContext(args, ranks, RunState(
-        seq_length=args.max_seq_length, micro_batch=args.train_micro_batch_size_per_gpu,
-        grad_accum=args.gradient_accumulation_steps))
+    model.session = RunContext(cfg, RunState(
+        seq_length=cfg.max_seq_length, micro_batch=cfg.train_micro_batch_size_per_gpu,
+        grad_accum=cfg.gradient_accumulation_steps))
     return model, optimizer
 
 
@@ -538,16 +613,15 @@ def _barrier():
         dist.barrier()
 
 
-def save_run_files(args, folder):
+def save_run_files(cfg, folder):
     """The job config and the resolved arguments next to a checkpoint (rank 0), on disk."""
     os.makedirs(folder, exist_ok=True)
-    plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
-    for name, content in (("job_config.json", args.config), ("args.json", plain),
-                          ("ds_config.json", args.ds_config)):
+    for name, content in (("job_config.json", cfg.config), ("args.json", cfg.arguments),
+                          ("ds_config.json", cfg.ds_config)):
         write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
 
 
-def save_checkpoint(args, model, state, tag):
+def save_checkpoint(cfg, model, state, tag):
     """A complete checkpoint, or none. The engine's files (every rank takes part, with every
     rank's RNG states in the client state) are fsync'ed by one rank per node, then rank 0
     writes the run files and the completion marker, then `latest`; older interval checkpoints
@@ -556,7 +630,7 @@ def save_checkpoint(args, model, state, tag):
     A write that fails (a full disk) ends the run with CheckpointNotWritten: the half-written
     folder is removed, the previous checkpoints and `latest` are untouched.
     """
-    folder = os.path.join(args.saved_model_path, tag)
+    folder = os.path.join(cfg.saved_model_path, tag)
     ranks = model.session.ranks
     is_master = ranks.is_main
     logger.info("Saving checkpoint %s", folder)
@@ -564,32 +638,32 @@ def save_checkpoint(args, model, state, tag):
         marker = os.path.join(folder, COMPLETE_MARKER)
         if is_master and os.path.exists(marker):
             os.remove(marker)  # written again under the same tag: incomplete until whole again
-        write_engine_checkpoint(model, args.saved_model_path, tag,
+        write_engine_checkpoint(model, cfg.saved_model_path, tag,
                                 {**state.to_client_state(), "rng_states": _all_ranks(rng_states())})
         _barrier()
         if ranks.is_node_main:
             sync_folder(folder)
         _barrier()
         if is_master:
-            save_run_files(args, folder)
+            save_run_files(cfg, folder)
             write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
-            write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+            write_atomic(os.path.join(cfg.saved_model_path, "latest"), tag)
     except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
-        raise checkpoint_not_written(args, folder, e, ranks) from e
+        raise checkpoint_not_written(cfg, folder, e, ranks) from e
     if is_master:
-        prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
+        prune_interval_checkpoints(cfg.saved_model_path, cfg.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
 
 
-def checkpoint_not_written(args, folder, error, ranks):
+def checkpoint_not_written(cfg, folder, error, ranks):
     """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
     folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
     logger.debug("Checkpoint write failed", exc_info=error)
-    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20  # as the failed write found it
+    free_mib = shutil.disk_usage(cfg.saved_model_path).free / 2**20  # as the failed write found it
     if ranks.is_main:
         shutil.rmtree(folder, ignore_errors=True)
-    complete = complete_tags(args.saved_model_path)
+    complete = complete_tags(cfg.saved_model_path)
     reason = (str(error).strip().splitlines() or [""])[0]
     newest = f"the newest complete checkpoint is {complete[-1]}" if complete else "no checkpoint yet"
     return CheckpointNotWritten(
@@ -654,7 +728,7 @@ def check_checkpoint_fits(model, folder):
                          f"with (job_config.json beside it)")
 
 
-def restore_run_state(args, state, saved, folder):
+def restore_run_state(cfg, state, saved, folder):
     """Take a checkpoint's run state `saved` into this session's `state`, by phase (the sequence
     length, which the run state records):
 
@@ -679,16 +753,16 @@ def restore_run_state(args, state, saved, folder):
                 f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
                 f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
                 f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
-        if args.rewarmup:
+        if cfg.rewarmup:
             logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
                         "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
         return
     trained_at = f"sequence length {saved.seq_length}" if saved.seq_length else "an unrecorded sequence length"
     state.epoch_micro_step = 0
-    state.rewarmup_offset = saved.global_step if args.rewarmup else saved.rewarmup_offset
+    state.rewarmup_offset = saved.global_step if cfg.rewarmup else saved.rewarmup_offset
     logger.info("%s was trained at %s, this run at %d: a new phase, starting at the beginning of epoch %d%s",
                 folder, trained_at, state.seq_length, state.epoch + 1,
-                f", LR re-warmed from global step {saved.global_step}" if args.rewarmup else "")
+                f", LR re-warmed from global step {saved.global_step}" if cfg.rewarmup else "")
 
 
 def load_training_checkpoint(args, model, PATH, ckpt_id):
@@ -698,7 +772,7 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
     saved = RunState.from_client_state(client_state)
-    restore_run_state(args, model.session.state, saved, folder)
+    restore_run_state(model.session.config, model.session.state, saved, folder)
     rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
@@ -708,23 +782,27 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     return saved.epoch, saved.global_step, saved.global_data_samples
 
 
-def resume_source(args):
+def resume_source(cfg):
     """(folder, tag) the run resumes from, or (None, None) for a fresh start: --auto_resume takes
     the run's own folder when it holds any checkpoint, else --load_training_checkpoint."""
-    if args.auto_resume and holds_checkpoints(args.saved_model_path):
-        return args.saved_model_path, "latest"
-    return args.load_training_checkpoint, args.load_checkpoint_id
+    if cfg.auto_resume and holds_checkpoints(cfg.saved_model_path):
+        return cfg.saved_model_path, "latest"
+    return cfg.load_training_checkpoint, cfg.load_checkpoint_id
 
 
 def load_checkpoint(args, model):
     """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
     --load_training_checkpoint/--load_checkpoint_id into the session's run state; returns the
     epoch to start at (0 without a checkpoint)."""
-    path, tag = resume_source(args)
-    if args.auto_resume and path == args.saved_model_path:
+    # the original's callers may set the resume flags on `args` after the model is built
+    cfg = dataclasses.replace(model.session.config, auto_resume=args.auto_resume,
+                              load_training_checkpoint=args.load_training_checkpoint,
+                              load_checkpoint_id=args.load_checkpoint_id)
+    path, tag = resume_source(cfg)
+    if cfg.auto_resume and path == cfg.saved_model_path:
         logger.info("--auto_resume: resuming from %s", path)
-    elif args.auto_resume:
-        logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
+    elif cfg.auto_resume:
+        logger.info("--auto_resume: no checkpoint in %s yet, %s", cfg.saved_model_path,
                     "starting from --load_training_checkpoint" if path else "starting fresh")
     state = model.session.state
     if path is None:
@@ -780,15 +858,15 @@ def warmup_stable_decay(x, warmup, cooldown, shape):
     return 1.0 - t if shape == "linear" else 1.0 - math.sqrt(t)
 
 
-def budget_fraction(args, state, ctx, device):
+def budget_fraction(cfg, state, ctx, device):
     """The share of --max_train_hours spent (summed over sessions) for the budget schedule, the
     largest over ranks so every rank sets the same LR; None for the other schedules."""
-    if args.lr_schedule != "budget":
+    if cfg.lr_schedule != "budget":
         return None
     spent = torch.tensor([state.train_seconds + time.time() - ctx.session_start], dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-    return spent.item() / (args.max_train_hours * 3600)
+    return spent.item() / (cfg.max_train_hours * 3600)
 
 
 def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
@@ -829,14 +907,14 @@ class Reporter:
     Losses stay on the device until a progress step (every --print_steps optimizer steps);
     throughput is measured over THROUGHPUT_PERIOD steps."""
 
-    def __init__(self, args, ranks):
-        self.args = args
-        self.ranks = ranks
+    def __init__(self, cfg):
+        self.config = cfg
+        self.ranks = ranks = cfg.ranks
         self.is_master = ranks.is_main
         self.writer = None
         if ranks.is_main:
             # a unique suffix: a resumed session in the same second must not overwrite the file
-            self.writer = SummaryWriter(args.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            self.writer = SummaryWriter(cfg.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.fp16_skipped = 0      # the engine's count of overflow-skipped steps, last seen
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
@@ -853,7 +931,7 @@ class Reporter:
             coeffs = find_lamb_coeffs(engine)
             if coeffs:
                 self.log(state.global_step, {"Train/lamb_coeffs": coeffs})
-            if self.args.progressive_layer_drop:
+            if self.config.progressive_layer_drop:
                 self.log(state.global_step, {"Train/pld_theta": ctx.pld_theta(state.global_step - 1)})
             if engine.fp16_enabled() and engine.skipped_steps != self.fp16_skipped:
                 # DeepSpeed's dynamic loss scale skipped this step (gradient overflow)
@@ -862,9 +940,10 @@ class Reporter:
                                state.global_step, self.fp16_skipped)
                 self.log(state.global_step, {"Train/fp16_skipped_steps": self.fp16_skipped})
         start, samples, waited = self.window
-        samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * self.ranks.world
+        samples += self.config.train_micro_batch_size_per_gpu * self.config.gradient_accumulation_steps * \
+            self.ranks.world
         self.window = (start, samples, waited + data_wait)
-        if state.global_step % self.args.print_steps == 0:
+        if state.global_step % self.config.print_steps == 0:
             self.flush()
         if state.global_step % THROUGHPUT_PERIOD == 0:
             self.throughput(state.global_step)
@@ -896,7 +975,7 @@ class Reporter:
         if self.is_master:
             logger.info("step %d: %.1f samples/s, %.1f%% of the time waiting for data", step, rate,
                         100 * waited / elapsed)
-        self.log(step, {"Train/samples_per_sec": rate, "Train/tokens_per_sec": rate * self.args.max_seq_length,
+        self.log(step, {"Train/samples_per_sec": rate, "Train/tokens_per_sec": rate * self.config.max_seq_length,
                         "Train/data_wait_fraction": waited / elapsed})
         self.window = (now, 0, 0.0)
 
@@ -1005,19 +1084,19 @@ def open_validation_set(args):
     return open_validation_dataset(path, load_vocab(args.vocab_file), args)
 
 
-def check_run_inputs(args, provider):
+def check_run_inputs(cfg, provider):
     """What the run will read, checked before the model is built, so that a bad path or file
     costs seconds, not an epoch: the layout of every training shard, the validation set (read
     whole), and the checkpoint a resume will load (there, and its files not cut short)."""
     provider.check_shards()
-    if args.validation_data_path_prefix and not args.finetune:
-        open_validation_set(args)
-    path, tag = resume_source(args)
+    if cfg.validation_data_path_prefix and not cfg.finetune:
+        open_validation_set(cfg)
+    path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
 
 
-def claim_job_folder(args, is_master):
+def claim_job_folder(cfg):
     """One run per OUT/saved_models/JOB at a time; returns the lock (an open file; the run
     holds it until it closes it or ends, however it ends, as the OS then drops it), or None
     on ranks other than 0.
@@ -1026,9 +1105,9 @@ def claim_job_folder(args, is_master):
     a fresh run (neither --auto_resume nor --load_training_checkpoint) where checkpoints exist
     already: it would write over them and mix its TensorBoard curves with theirs.
     """
-    folder = args.saved_model_path
+    folder = cfg.saved_model_path
     lock = None
-    if is_master:
+    if cfg.ranks.is_main:
         lock_path = f"{folder}.lock"
         lock = open(lock_path, "a+")
         try:
@@ -1042,7 +1121,7 @@ def claim_job_folder(args, is_master):
         lock.truncate(0)
         lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         lock.flush()
-    if not args.auto_resume and args.load_training_checkpoint is None and holds_checkpoints(folder):
+    if not cfg.auto_resume and cfg.load_training_checkpoint is None and holds_checkpoints(folder):
         if lock is not None:
             lock.close()
         raise InputError(f"{folder} already holds checkpoints ({', '.join(engine_tags(folder)[-3:]) or 'latest'}); "
@@ -1059,10 +1138,11 @@ def pretrain_validation(args, index, model, epoch_end=True):
     """Loss and MLM accuracy over the validation set, averaged over all ranks; None without
     --validation_data_path_prefix. Written to the session's reporter: by epoch (at an epoch's
     end) and by global step with the training minutes."""
-    if args.validation_data_path_prefix is None:
+    cfg = model.session.config
+    if cfg.validation_data_path_prefix is None:
         return None
-    dataset = open_validation_set(args)
-    loader = get_dataloader(args, dataset, eval_set=True)
+    dataset = open_validation_set(cfg)
+    loader = get_dataloader(cfg, dataset, eval_set=True)
     model.eval()
     device = model.network.device
     # loss sum, batches, MLM correct, masked tokens, NSP correct, sequences
@@ -1075,7 +1155,7 @@ def pretrain_validation(args, index, model, epoch_end=True):
             labels = batch.masked_lm_labels
             masked = labels != -1
             loss = pretraining_loss(masked_lm_loss_of_scores(scores, labels),
-                                    nsp_scores.float() if args.next_sentence_prediction else None,
+                                    nsp_scores.float() if cfg.next_sentence_prediction else None,
                                     batch.next_sentence_labels)
             correct = (scores.argmax(-1) == labels) & masked
             nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
@@ -1086,11 +1166,11 @@ def pretrain_validation(args, index, model, epoch_end=True):
     if dist.is_initialized():
         dist.all_reduce(totals)
     if totals[5] == 0:
-        raise InputError(f"{os.path.join(args.validation_data_path_prefix, args.config['validation']['path'])}: "
+        raise InputError(f"{os.path.join(cfg.validation_data_path_prefix, cfg.config['validation']['path'])}: "
                          f"the validation set has no sequences (validation.path under --validation_data_path_prefix)")
     model.train()
     loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
-    if not args.next_sentence_prediction:
+    if not cfg.next_sentence_prediction:
         nsp_acc = None  # the NSP head is not trained: its accuracy means nothing
     logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%s", index + 1, loss,
                 mlm_acc, "off" if nsp_acc is None else f"{nsp_acc:.4f}")
@@ -1225,11 +1305,11 @@ class LauncherWatch(threading.Thread):
         self._done.set()
 
 
-def step_checks(args, state, loss, signals, session_start, engine):
+def step_checks(cfg, state, loss, signals, session_start, engine):
     """Once per optimizer step: is the loss finite, was a stop signal received, is the time
     budget spent. Ranks agree (one small all-reduce) so they stop or skip at the same step."""
-    over_time = (args.max_train_hours is not None and
-                 state.train_seconds + time.time() - session_start >= args.max_train_hours * 3600)
+    over_time = (cfg.max_train_hours is not None and
+                 state.train_seconds + time.time() - session_start >= cfg.max_train_hours * 3600)
     flags = torch.stack([(~torch.isfinite(loss)).float(), torch.tensor(float(signals.received or 0)).to(loss.device),
                          torch.tensor(float(over_time)).to(loss.device)])
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -1255,10 +1335,10 @@ def skip_step(engine, optimizer):
     engine.step()
 
 
-def epoch_micro_batches_allowed(args, start):
+def epoch_micro_batches_allowed(cfg, start):
     """Micro-batches epoch may still run from position `start` under --max_steps_per_epoch,
     which counts the epoch's optimizer steps whichever session ran them."""
-    return max(0, args.max_steps_per_epoch * args.gradient_accumulation_steps - start)
+    return max(0, cfg.max_steps_per_epoch * cfg.gradient_accumulation_steps - start)
 
 
 def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=False):
@@ -1268,6 +1348,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     non-finite losses, once the checkpoint is written. `finetune` is the original's parameter,
     kept for its callers: validation is run()'s business (skipped with --finetune)."""
     ctx = model.session
+    cfg = ctx.config
     state, reporter = ctx.state, ctx.reporter
     engine = model.network
     if index != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
@@ -1279,10 +1360,10 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     if total < local_total:
         logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
                        "(%d samples unused)", index + 1, local_total, total,
-                       (local_total - total) * args.train_micro_batch_size_per_gpu)
-    total = min(total, epoch_micro_batches_allowed(args, start))
-    samples_per_micro = args.train_micro_batch_size_per_gpu * ctx.ranks.world
-    accum = args.gradient_accumulation_steps
+                       (local_total - total) * cfg.train_micro_batch_size_per_gpu)
+    total = min(total, epoch_micro_batches_allowed(cfg, start))
+    samples_per_micro = cfg.train_micro_batch_size_per_gpu * ctx.ranks.world
+    accum = cfg.gradient_accumulation_steps
     step_loss, data_wait, stop = None, 0.0, None
     model.train()
     bar = tqdm(total=start + total, initial=start, desc=f"epoch {index + 1}", disable=not reporter.is_master,
@@ -1303,33 +1384,33 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
             engine.step()
             continue
         step_loss = step_loss / accum
-        nonfinite, signum, over_time = step_checks(args, state, step_loss, ctx.signals, ctx.session_start, engine)
+        nonfinite, signum, over_time = step_checks(cfg, state, step_loss, ctx.signals, ctx.session_start, engine)
         if nonfinite:
-            handle_nonfinite(args, model, optimizer, state, reporter, ctx)
+            handle_nonfinite(cfg, model, optimizer, state, reporter, ctx)
         else:
             state.nonfinite_in_a_row = 0
-            lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset,
-                                      budget_fraction(args, state, ctx, engine.device))
+            lr = update_learning_rate(cfg, cfg.config, state.global_step, optimizer, state.rewarmup_offset,
+                                      budget_fraction(cfg, state, ctx, engine.device))
             engine.step()
             state.global_step += 1
             reporter.step(state, lr, step_loss, data_wait, engine, ctx)
         step_loss, data_wait = None, 0.0
         if signum:
             bar.close()
-            stop_with_checkpoint(args, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
+            stop_with_checkpoint(cfg, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
         if over_time:
             stop = "time"
-        elif is_time_to_exit(args, global_steps=state.global_step - state.restore_step):
+        elif is_time_to_exit(cfg, global_steps=state.global_step - state.restore_step):
             stop = "max_steps"
-        if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
+        if cfg.checkpoint_every_steps and state.global_step % cfg.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
             reporter.flush(to_disk=True)
-            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+            save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
         if stop:
             break
-        if args.validation_every_steps and state.global_step % args.validation_every_steps == 0 \
+        if cfg.validation_every_steps and state.global_step % cfg.validation_every_steps == 0 \
                 and not nonfinite and state.epoch_micro_step < start + total:
-            validate_in_epoch(args, index, model, reporter, state, ctx)
+            validate_in_epoch(cfg, index, model, reporter, state, ctx)
     bar.close()
     reporter.flush()
     pretrain_dataset_provider.release_shard(index)
@@ -1338,16 +1419,16 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     return stop
 
 
-def validate_in_epoch(args, index, model, reporter, state, ctx):
+def validate_in_epoch(cfg, index, model, reporter, state, ctx):
     """--validation_every_steps: validate now (the end of an epoch or run validates in run());
     the time it takes is not training time (the clock of --max_train_hours and of the budget
     schedule is moved on by it)."""
     started = time.time()
-    pretrain_validation(args, index, model, epoch_end=False)
+    pretrain_validation(cfg, index, model, epoch_end=False)
     ctx.session_start += time.time() - started
 
 
-def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
+def handle_nonfinite(cfg, model, optimizer, state, reporter, ctx):
     """Skip the step; after --max_nonfinite_steps in a row, checkpoint and stop."""
     skip_step(model.network, optimizer)
     state.nonfinite_in_a_row += 1
@@ -1355,27 +1436,28 @@ def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
     logger.warning("Non-finite loss at global step %d: step skipped (%d in a row, %d in all)",
                    state.global_step + 1, state.nonfinite_in_a_row, state.nonfinite_total)
     reporter.log(state.global_step + 1, {"Train/nonfinite_steps": state.nonfinite_total})
-    if state.nonfinite_in_a_row >= args.max_nonfinite_steps:
-        stop_with_checkpoint(args, model, state, reporter, ctx,
+    if state.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+        stop_with_checkpoint(cfg, model, state, reporter, ctx,
                              f"{state.nonfinite_in_a_row} non-finite losses in a row (--max_nonfinite_steps); "
                              f"lower the learning rate or check the data", 3)
 
 
-def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
+def stop_with_checkpoint(cfg, model, state, reporter, ctx, reason, exit_code):
     reporter.flush(to_disk=True)
-    folder = save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+    folder = save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
     raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
                        f"(re-run with --auto_resume to continue)", exit_code)
 
 
 class RunContext:
-    """One training session: the run state (saved in checkpoints), the reporter, stop signals
-    and the session's clock. prepare_model_optimizer() keeps it on the model (`model.session`),
-    where the original's calls, which pass only (args, model, ...), find it."""
+    """One training session: its RunConfig (`config`, with the ranks), the run state (saved in
+    checkpoints), the reporter, stop signals and the session's clock. prepare_model_optimizer()
+    keeps it on the model (`model.session`), where the original's calls, which pass only
+    (args, model, ...), find it."""
 
-    def __init__(self, args, ranks, state):
-        self.args = args
-        self.ranks = ranks
+    def __init__(self, cfg, state):
+        self.config = cfg
+        self.ranks = cfg.ranks
         self.state = state
         self.signals = StopSignals()
         self.session_start = time.time()
@@ -1385,7 +1467,7 @@ class RunContext:
     def reporter(self):
         """TensorBoard (rank 0) and progress lines, opened at first use."""
         if self._reporter is None:
-            self._reporter = Reporter(self.args, self.ranks)
+            self._reporter = Reporter(self.config)
         return self._reporter
 
     def close(self):
@@ -1399,12 +1481,12 @@ class RunContext:
 
     def pld_theta(self, step):
         """Progressive layer drop keep-rate: theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
-        block = self.args.ds_config["progressive_layer_drop"]
+        block = self.config.ds_config["progressive_layer_drop"]
         theta_bar, gamma = block.get("theta", 0.5), block.get("gamma", 0.001)
         return (1.0 - theta_bar) * math.exp(-gamma * step) + theta_bar
 
     def pld_kwargs(self, step):
-        if not self.args.progressive_layer_drop:
+        if not self.config.progressive_layer_drop:
             return {}
         return {"progressive_layer_drop": True, "pld_theta": self.pld_theta(step)}
 
@@ -1424,9 +1506,10 @@ def run(args, model, optimizer, start_epoch, provider=None):
         finally:
             provider.close()
     ctx = model.session
+    cfg = ctx.config
     state, reporter = ctx.state, ctx.reporter
     ctx.session_start = time.time()
-    num_epochs = args.config["training"]["num_epochs"]
+    num_epochs = cfg.config["training"]["num_epochs"]
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the checkpoint has finished %d of %d epochs", start_epoch, num_epochs)
     for index in range(start_epoch, num_epochs):
@@ -1435,11 +1518,11 @@ def run(args, model, optimizer, start_epoch, provider=None):
         stop = train(args, index, model, optimizer, provider)
         epoch_done = state.epoch == index + 1
         reporter.flush(to_disk=True)
-        if epoch_done and (args.ckpt_to_save is None or state.epoch in args.ckpt_to_save):
-            save_checkpoint(args, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
+        if epoch_done and (cfg.ckpt_to_save is None or state.epoch in cfg.ckpt_to_save):
+            save_checkpoint(cfg, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
         elif stop is not None:
-            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
-        if args.validation_data_path_prefix and not args.finetune:
+            save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
+        if cfg.validation_data_path_prefix and not cfg.finetune:
             pretrain_validation(args, index, model)
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
         if stop is not None:
@@ -1466,28 +1549,24 @@ def main(argv=None):
 
 
 def _main(args):
-    ranks = setup_distributed(args)
-    is_master = ranks.is_main
-    setup_logging(args, ranks)
-    set_seeds(args.seed)
-    if is_master:
-        os.makedirs(args.saved_model_path, exist_ok=True)
-        logger.info("Arguments: %s", json.dumps({k: v for k, v in vars(args).items()
-                                                 if k not in ("config", "ds_config")}, default=str))
-        logger.info("Job config: %s", json.dumps(args.config))
-    from turing.modeling import check_model_flags
-
-    lock = claim_job_folder(args, is_master)  # before anything else is written there
+    cfg = RunConfig.from_args(args, setup_distributed(args))
+    setup_logging(cfg)
+    set_seeds(cfg.seed)
+    if cfg.ranks.is_main:
+        os.makedirs(cfg.saved_model_path, exist_ok=True)
+        logger.info("Arguments: %s", json.dumps(cfg.arguments, default=str))
+        logger.info("Job config: %s", json.dumps(cfg.config))
+    lock = claim_job_folder(cfg)  # before anything else is written there
     provider = session = None
     try:
-        check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
-        _check_optimizer_support(args.ds_config, args.deepspeed_config)  # 1-bit / fp16 need CUDA
+        cfg.model.check()                # e.g. the CUDA-only transformer kernel, before any work
+        _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
-        check_run_inputs(args, provider)
-        model, optimizer = prepare_model_optimizer(args)
+        check_run_inputs(cfg, provider)
+        model, optimizer = prepare_model_optimizer(args, cfg)
         session = model.session
         start_epoch = load_checkpoint(args, model)
-        session.reporter.log(None, {"config": json.dumps(args.config, indent=2)})
+        session.reporter.log(None, {"config": json.dumps(cfg.config, indent=2)})
         session.signals.install()
         run(args, model, optimizer, start_epoch, provider)
     finally:
