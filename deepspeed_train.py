@@ -31,6 +31,8 @@ import torch.distributed as dist
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
+from bing_bert_dataset_provider import BingBertDatasetProvider
+from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
                                load_checkpoint_state, numpy_array_globals, prune_interval_checkpoints,
                                read_state_dict_file, resume_candidates, sync_folder, write_atomic)
@@ -1049,19 +1051,25 @@ def _as_batch(items):
     return collate_batch(items)
 
 
+# The data formats: name -> provider (a module at the repository root). Training reads the format
+# the job config's data.format names, else the original's switch: --use_nvidia_dataset "nvidia",
+# without it "bing". A validation folder is read by the first format that recognises it.
+DATA_FORMATS = {"nvidia": NvidiaBertDatasetProvider, "bing": BingBertDatasetProvider}
+
+
 def build_provider(args):
-    if args.use_nvidia_dataset:
-        from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-
-        return NvidiaBertDatasetProvider(args)
-    from bing_bert_dataset_provider import BingBertDatasetProvider
-
-    return BingBertDatasetProvider(args)
+    """The training data provider of the run's data format (see DATA_FORMATS)."""
+    name = args.config["data"].get("format") or ("nvidia" if args.use_nvidia_dataset else "bing")
+    if name not in DATA_FORMATS:
+        raise InputError(f"{args.config_file}: data.format '{name}' is not a known data format; "
+                         f"expected one of {', '.join(DATA_FORMATS)}")
+    return DATA_FORMATS[name](args)
 
 
 def open_validation_set(args):
-    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards, read and
-    checked whole (also before the model is built, by check_run_inputs)."""
+    """The validation set of the job config (NVIDIA hdf5 files or Bing numpy shards, as the
+    folder holds), read and checked whole; once per run (check_run_inputs, before the model is
+    built; the session keeps it)."""
     path = os.path.join(args.validation_data_path_prefix,
                         _require(args.config, ["validation", "path"], args.config_file))
     if not os.path.isdir(path):
@@ -1070,30 +1078,23 @@ def open_validation_set(args):
     if not os.listdir(path):
         raise InputError(f"{path}: validation folder is empty; expected NVIDIA .hdf5 files or Bing shard "
                          f"folders (validation.path under --validation_data_path_prefix)")
-    hdf5 = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
-    if hdf5:
-        from torch.utils.data import ConcatDataset
-
-        from nvidia_bert_dataset_provider import PretrainingHdf5Dataset, read_hdf5_shard
-
-        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
-                                        args.vocab_size) for f in hdf5]
-        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
-    from turing.dataset import open_validation_dataset
-
-    return open_validation_dataset(path, load_vocab(args.vocab_file), args)
+    provider = next(p for p in DATA_FORMATS.values() if p.holds_validation_set(path))
+    return provider.validation_dataset(path, args)
 
 
 def check_run_inputs(cfg, provider):
     """What the run will read, checked before the model is built, so that a bad path or file
     costs seconds, not an epoch: the layout of every training shard, the validation set (read
-    whole), and the checkpoint a resume will load (there, and its files not cut short)."""
+    whole; returned, None without one), and the checkpoint a resume will load (there, and its
+    files not cut short)."""
     provider.check_shards()
+    validation = None
     if cfg.validation_data_path_prefix and not cfg.finetune:
-        open_validation_set(cfg)
+        validation = open_validation_set(cfg)
     path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
+    return validation
 
 
 def claim_job_folder(cfg):
@@ -1141,8 +1142,9 @@ def pretrain_validation(args, index, model, epoch_end=True):
     cfg = model.session.config
     if cfg.validation_data_path_prefix is None:
         return None
-    dataset = open_validation_set(cfg)
-    loader = get_dataloader(cfg, dataset, eval_set=True)
+    if model.session.validation_set is None:
+        model.session.validation_set = open_validation_set(cfg)
+    loader = get_dataloader(cfg, model.session.validation_set, eval_set=True)
     model.eval()
     device = model.network.device
     # loss sum, batches, MLM correct, masked tokens, NSP correct, sequences
@@ -1462,6 +1464,7 @@ class RunContext:
         self.signals = StopSignals()
         self.session_start = time.time()
         self._reporter = None
+        self.validation_set = None  # opened once per run, at the first validation (or by check_run_inputs)
 
     @property
     def reporter(self):
@@ -1562,9 +1565,10 @@ def _main(args):
         cfg.model.check()                # e.g. the CUDA-only transformer kernel, before any work
         _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
-        check_run_inputs(cfg, provider)
+        validation = check_run_inputs(cfg, provider)
         model, optimizer = prepare_model_optimizer(args, cfg)
         session = model.session
+        session.validation_set = validation
         start_epoch = load_checkpoint(args, model)
         session.reporter.log(None, {"config": json.dumps(cfg.config, indent=2)})
         session.signals.install()

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from turing.batch import Batch, BatchType
@@ -220,6 +220,19 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
+
+    @staticmethod
+    def holds_validation_set(path):
+        return any(f.endswith((".hdf5", ".h5")) for f in os.listdir(path))
+
+    @staticmethod
+    def validation_dataset(path, args):
+        """Every .hdf5/.h5 file of `path`, in sorted order, read whole and checked against the
+        sequence length and the vocab size."""
+        files = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
+        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
+                                        args.vocab_size) for f in files]
+        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
     def check_shards(self):
         """Layout, sequence length and size of every shard this rank reads in the run (cheap:
