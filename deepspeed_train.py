@@ -25,24 +25,29 @@ import threading
 import time
 from typing import Optional
 
+import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from tensorboardX import SummaryWriter
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tqdm import tqdm
 
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from turing.batch import Batch, collate_batch
 from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
                                load_checkpoint_state, numpy_array_globals, prune_interval_checkpoints,
                                read_state_dict_file, resume_candidates, sync_folder, write_atomic)
-from turing.errors import InputError
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.errors import InputError
 from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.kernel_layout import to_transformer_kernel_layout
-from turing.lamb import find_lamb_coeffs
+from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
 from turing.modeling import BertConfig, BertConfigError, ModelOptions, masked_lm_loss_of_scores, pretraining_loss
+from turing.models import BertMultiTask
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import Ranks, get_argument_parser, is_time_to_exit
 
@@ -113,8 +118,6 @@ class StopTraining(Exception):
 
 
 def get_arguments(argv=None):
-    import deepspeed
-
     parser = deepspeed.add_config_arguments(get_argument_parser())
     return parser.parse_args(argv)
 
@@ -402,8 +405,6 @@ def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
     derive them from its config; returns this process's Ranks. Safe to call again."""
-    import deepspeed
-
     ensure_process_group_env()
     deepspeed.init_distributed()
     ranks = Ranks.current()
@@ -448,8 +449,6 @@ def prepare_optimizer_parameters(args, model):
 
 
 def _check_optimizer_support(ds_config, path):
-    from deepspeed.accelerator import get_accelerator
-
     on_cuda = get_accelerator().device_name() == "cuda"
     opt_type = ds_config.get("optimizer", {}).get("type", "")
     if opt_type.lower() in ONEBIT_OPTIMIZERS and not on_cuda:
@@ -497,7 +496,7 @@ def compile_model(network):
     the run goes on uncompiled, with a warning.
     """
     try:
-        import torch._dynamo
+        import torch._dynamo  # only for --compile, whose failure to set up is a warning
 
         torch._dynamo.config.suppress_errors = True
         network.compile()
@@ -517,11 +516,6 @@ def prepare_model_optimizer(args, cfg=None):
     built here when not given, run state, reporter, stop signals) that train(), run() and the
     checkpoint functions use.
     """
-    import deepspeed
-
-    from turing.lamb import build_lamb_if_needed
-    from turing.models import BertMultiTask
-
     ranks = setup_distributed(args)
     cfg = cfg or RunConfig.from_args(args, ranks)
     _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)
@@ -1028,8 +1022,6 @@ def report_lamb_coefficients(args, optimizer, writer=None, step=0):
 
 def get_dataloader(args, dataset, eval_set=False):
     """A DataLoader over a map-style dataset (validation uses micro/2 per batch)."""
-    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
-
     batch_size = args.train_micro_batch_size_per_gpu
     if eval_set:
         batch_size = max(1, batch_size // 2)
@@ -1044,8 +1036,6 @@ def get_dataloader(args, dataset, eval_set=False):
 
 
 def _as_batch(items):
-    from turing.batch import Batch, collate_batch
-
     if isinstance(items, Batch):
         return items
     return collate_batch(items)

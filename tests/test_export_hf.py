@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
-from tests.synthetic import SPECIALS, make_data_root  # noqa: E402
+from testkit.synthetic import SPECIALS, make_data_root  # noqa: E402
 from tools import export_hf  # noqa: E402
 from turing.checkpoint import load_checkpoint_state  # noqa: E402
 from turing.errors import CheckpointNotFoundError, ConversionError  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests import reference_model
+from testkit import reference_model
 from turing.batch import Batch, BatchType
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN, _LinearCrossEntropy, dropout
 from turing.models import BertMultiTask, CheckpointError

@@ -196,8 +196,12 @@ def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None, folder_flag=None, tag_f
         raise CheckpointNotFoundError(f"{checkpoint_dir}: checkpoint folder not found")
     if tag is None and os.path.isfile(os.path.join(checkpoint_dir, MODEL_STATES_FILE)):
         return checkpoint_dir
-    return os.path.join(checkpoint_dir, resume_candidates(checkpoint_dir, tag, folder_flag=folder_flag,
-                                                          tag_flag=tag_flag)[0])
+    notes = []  # warnings, given only when a checkpoint is found (an error stays one line)
+    usable = resume_candidates(checkpoint_dir, tag, warn=lambda *note: notes.append(note), folder_flag=folder_flag,
+                               tag_flag=tag_flag)
+    for note in notes:
+        logger.warning(*note)
+    return os.path.join(checkpoint_dir, usable[0])
 
 
 def numpy_array_globals():

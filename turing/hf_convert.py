@@ -297,7 +297,7 @@ def load_hf_folder(folder):
         raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
                                       "expected a folder written by tools/export_hf.py")
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # optional: only for reading Hugging Face folders
     except ImportError as e:
         raise ConversionError(f"{folder}: reading safetensors needs the 'safetensors' package ({e})") from None
     hf_state = {}
