@@ -192,6 +192,10 @@ def construct_arguments(argv=None):
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
                          f"--max_seq_length {args.max_seq_length}")
     check_config_values(args)
+    try:
+        lr_factor(args.lr_schedule, 0, config["training"], 0.0)
+    except ValueError as e:
+        raise InputError(f"{e} (the schedules are those of deepspeed_train.lr_factor; see --help)") from None
     return args
 
 
@@ -821,6 +825,9 @@ def lr_factor(schedule, step, training, budget_fraction=None):
     total_training_steps, `linear` (1 - t) or `1-sqrt` (1 - sqrt t) by cooldown_shape.
     budget: the same shape over `budget_fraction`, the share of --max_train_hours spent, so a
     run stopped by its time budget ends annealed whatever its speed.
+
+    A new schedule is one more branch here (construct_arguments refuses names this function
+    does not know), plus its line in --help.
     """
     total = training["total_training_steps"]
     warmup = training["warmup_proportion"]
@@ -839,7 +846,7 @@ def lr_factor(schedule, step, training, budget_fraction=None):
         if x < warmup:
             return (x / warmup) ** 1.5
         return max(0.0, 1.0 - x) ** 2
-    raise ValueError(f"unknown --lr_schedule {schedule}")
+    raise ValueError(f"unknown --lr_schedule {schedule!r}")
 
 
 def warmup_stable_decay(x, warmup, cooldown, shape):

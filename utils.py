@@ -61,7 +61,8 @@ def get_argument_parser():
         help="show Python tracebacks for input errors instead of one error line")
 
     # Learning rate
-    add("--lr_schedule", default="LE", choices=["LE", "EE", "EP", "WSD", "budget"],
+    # the schedules are deepspeed_train.lr_factor's (it refuses a name it does not know)
+    add("--lr_schedule", default="LE",
         help="LE: linear warmup + exp decay, EE: exp warmup + exp decay, EP: exp warmup + poly decay, "
              "WSD: warmup-stable-decay over total_training_steps, budget: the WSD shape over the share "
              "of --max_train_hours spent")

@@ -484,7 +484,11 @@ class BingPretrainDataset(Dataset):
         )
 
     def _mask(self, idx, input_ids, words, used):
-        """Dynamic masking (docs/DESIGN.md, Data formats) on a whole batch; returns (masked ids, labels with -1 = none)."""
+        """Dynamic masking of a whole batch: in each row, round(masked_lm_prob x tokens used) of
+        its word positions (at least 1, at most max_predictions_per_seq; never [CLS], [SEP] or
+        padding), chosen uniformly, are predicted; of those a mask_split[0] share becomes [MASK],
+        a mask_split[1] share a random vocab id, the rest keeps its token (the original's 15%,
+        80/10/10 by default). Returns (masked ids, labels with -1 = none)."""
         length = input_ids.shape[1]
         n_words = words.sum(axis=1)
         n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * self.masked_lm_prob)))
