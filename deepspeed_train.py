@@ -46,10 +46,11 @@ from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.kernel_layout import to_transformer_kernel_layout
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
-from turing.modeling import BertConfig, BertConfigError, ModelOptions, masked_lm_loss_of_scores, pretraining_loss
+from turing.modeling import (BertConfig, BertConfigError, ModelOptions, masked_lm_loss_of_scores, precision_of,
+                             pretraining_loss)
 from turing.models import BertMultiTask
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
-from utils import Ranks, get_argument_parser, is_time_to_exit
+from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
 
@@ -417,12 +418,6 @@ def setup_distributed(args):
     return ranks
 
 
-def set_seeds(seed):
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 # ---------------------------------------------------------------------------------------------
 # Model, optimizer, engine
 
@@ -457,7 +452,7 @@ def _check_optimizer_support(ds_config, path):
     opt_type = ds_config.get("optimizer", {}).get("type", "")
     if opt_type.lower() in ONEBIT_OPTIMIZERS and not on_cuda:
         raise InputError(f"{path}: optimizer '{opt_type}' needs CUDA and cupy; use AdamW on this machine")
-    if ds_config.get("fp16", {}).get("enabled") and not on_cuda:
+    if precision_of(ds_config) == "fp16" and not on_cuda:
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
 
 

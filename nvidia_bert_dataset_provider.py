@@ -24,7 +24,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
-from utils import get_rank_and_world
+from utils import get_rank_and_world, set_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -170,10 +170,7 @@ class _WorkerInit:
 
     def __call__(self, worker_id):
         ignore_stop_signals()
-        seed = self.seed + worker_id
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        set_seeds(self.seed + worker_id)
 
 
 def list_training_files(folder):

@@ -6,8 +6,11 @@ an initialised process group (`Ranks`: decided once per process), and the time-t
 import argparse
 import dataclasses
 import os
+import random
 import sys
 
+import numpy as np
+import torch
 import torch.distributed as dist
 
 
@@ -113,6 +116,13 @@ def get_argument_parser():
     add("--compile", action="store_true", default=False,
         help="torch.compile the model; parts that fail to compile run eagerly, with a warning")
     return parser
+
+
+def set_seeds(seed):
+    """Seed python's, numpy's and torch's global generators (numpy takes the seed modulo 2**32)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def get_rank_and_world():

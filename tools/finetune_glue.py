@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import os
-import random
 import sys
 import time
 from types import SimpleNamespace
@@ -63,6 +62,7 @@ from turing.hf_convert import is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
+from utils import set_seeds
 
 logger = logging.getLogger("finetune_glue")
 
@@ -210,12 +210,6 @@ def _loader(items, batch_size, pad_id, regression, shuffle=False, seed=0):
 
 # ---------------------------------------------------------------------------------------------
 # Training and evaluation
-
-
-def set_seeds(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def make_optimizer(model, lr, total_steps):

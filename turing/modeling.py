@@ -594,7 +594,7 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
 
 
-def _precision(ds_config):
+def precision_of(ds_config):
     """'fp16', 'bf16' or 'fp32' from a DeepSpeed config dict."""
     if (ds_config.get("fp16") or {}).get("enabled", False):
         return "fp16"
@@ -649,7 +649,7 @@ class ModelOptions:
             # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
         return cls(**{name: getattr(args, name) for name in cls._SAME_NAME if hasattr(args, name)},
-                   sparse_attention=ds_config.get("sparse_attention"), precision=_precision(ds_config),
+                   sparse_attention=ds_config.get("sparse_attention"), precision=precision_of(ds_config),
                    micro_batch=getattr(args, "train_micro_batch_size_per_gpu", None), local_rank=local_rank)
 
     def check(self):
