@@ -51,6 +51,22 @@ def stop_signals_held():
 
 
 class BertDatasetProviderInterface:
+    """A data format: its training shards (built as `Provider(args)`, then per epoch get_shard,
+    get_batch, ...) and its validation set (`validation_dataset`). The formats the training
+    script knows are listed in deepspeed_train.DATA_FORMATS."""
+
+    @staticmethod
+    def holds_validation_set(path):
+        """Whether the folder `path` (validation.path under --validation_data_path_prefix) holds a
+        validation set in this format."""
+        raise NotImplementedError
+
+    @staticmethod
+    def validation_dataset(path, args):
+        """The validation set in `path`, read and checked whole, as a map-style Dataset of per-sample
+        Batches (args: the run's settings: sequence length, vocab, seed)."""
+        raise NotImplementedError
+
     def check_shards(self):
         """Check every training shard the run may read (layout, not every value): a bad one
         is an error before the model is built, not in some later epoch."""

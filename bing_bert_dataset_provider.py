@@ -1,4 +1,4 @@
-"""The default pretraining data provider (SPEC 6b): Bing numpy shards of Wikipedia and BookCorpus.
+"""The default pretraining data provider: Bing numpy shards of Wikipedia and BookCorpus.
 
 Owns: which shard folder of each dataset an epoch reads, this rank's share of its samples,
 the epoch's dataset picker (the shuffled interleaving of the two datasets), the DataLoaders
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingShard, VocabIndex,
-                            epoch_sample_order, tokenize_shard)
+                            epoch_sample_order, open_validation_dataset, tokenize_shard)
 from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.tokenization import load_vocab
@@ -142,6 +142,14 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             raise InputValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
                              f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
         return shards
+
+    @staticmethod
+    def holds_validation_set(path):
+        return True  # the default format: a folder of anything else is read, and refused, as Bing shards
+
+    @staticmethod
+    def validation_dataset(path, args):
+        return open_validation_dataset(path, load_vocab(args.vocab_file), args)
 
     def check_shards(self):
         for folders in self.dataset_folders.values():

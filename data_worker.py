@@ -1,4 +1,4 @@
-"""AsyncWorker (SPEC 7): a background thread that fetches batches ahead of the step loop.
+"""AsyncWorker: a background thread that fetches batches ahead of the step loop.
 
 Owns: the request/return queues between the step loop and the thread, the prefetch window,
 the order of returned batches, and the hand-over of the thread's failures to the caller.

@@ -23,21 +23,34 @@ import socket
 import sys
 import threading
 import time
-import zipfile
+from typing import Optional
 
+import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from deepspeed.accelerator import get_accelerator
+from tensorboardX import SummaryWriter
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tqdm import tqdm
 
-from turing.errors import InputError
+from bing_bert_dataset_provider import BingBertDatasetProvider
+from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from turing.batch import Batch, collate_batch
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
+                               load_checkpoint_state, numpy_array_globals, prune_interval_checkpoints,
+                               read_state_dict_file, resume_candidates, sync_folder, write_atomic)
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.errors import InputError
+from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
-from turing.lamb import find_lamb_coeffs
-from turing.modeling import BertConfig, BertConfigError
+from turing.kernel_layout import to_transformer_kernel_layout
+from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
+from turing.modeling import (BertConfig, BertConfigError, ModelOptions, masked_lm_loss_of_scores, precision_of,
+                             pretraining_loss)
+from turing.models import BertMultiTask
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
-from utils import get_argument_parser, get_rank_and_world, is_time_to_exit
+from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
 
@@ -52,36 +65,45 @@ COOLDOWN_SHAPES = ("linear", "1-sqrt")
 @dataclasses.dataclass
 class RunState:
     """Everything that counts progress, and the phase and batch layout it was counted in; saved
-    whole in every checkpoint's client state (ints and floats only, so a checkpoint loads with
-    torch.load(..., weights_only=True))."""
+    in every checkpoint's client state (ints and floats only, so a checkpoint loads with
+    torch.load(..., weights_only=True)) under the keys of CLIENT_KEYS, and read back by
+    `from_client_state`. A new field is saved and restored once it has a line there."""
     epoch: int = 0                  # epochs finished (= index of the epoch in progress)
     epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
     global_step: int = 0            # optimizer steps taken
     global_data_samples: int = 0    # samples seen (all ranks)
     rewarmup_offset: int = 0        # global step at which the LR warmup (re)started
     train_seconds: float = 0.0      # training wall time of earlier sessions (--max_train_hours)
-    restore_step: int = 0           # global step at the restore; --max_steps counts from here
-    nonfinite_in_a_row: int = 0
+    restore_step: int = 0           # not saved: the global step this session was restored at
+    nonfinite_in_a_row: int = 0     # not saved: a run stopped by them resumes counting afresh
     nonfinite_total: int = 0
     seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
     micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
     grad_accum: int = 0             # gradient accumulation steps, likewise
 
-    SAVED = ("epoch_micro_step", "rewarmup_offset", "train_seconds", "nonfinite_total", "seq_length",
-             "micro_batch", "grad_accum")
+    # field -> client-state key. The first three are the original's keys (and the only ones its
+    # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
+    CLIENT_KEYS = {"epoch": "epoch", "global_step": "last_global_step",
+                   "global_data_samples": "last_global_data_samples",
+                   "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
+                   "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
+                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum"}
+    REQUIRED = ("epoch", "global_step", "global_data_samples")
+    LAYOUT = ("seq_length", "micro_batch", "grad_accum")  # this run's own, never taken from a checkpoint
 
-    def client_state(self):
-        return {"epoch": self.epoch, "last_global_step": self.global_step,
-                "last_global_data_samples": self.global_data_samples,
-                **{name: getattr(self, name) for name in self.SAVED}}
+    def to_client_state(self):
+        return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
+
+    @classmethod
+    def missing_keys(cls, client):
+        """The required client-state keys `client` lacks (not written by this program or the original)."""
+        return [cls.CLIENT_KEYS[name] for name in cls.REQUIRED if cls.CLIENT_KEYS[name] not in client]
 
     @classmethod
     def from_client_state(cls, client):
         """The run state a checkpoint saved; fields it lacks (older or the original's
         checkpoints) keep their defaults."""
-        return cls(epoch=client["epoch"], global_step=client["last_global_step"],
-                   global_data_samples=client["last_global_data_samples"],
-                   **{name: client[name] for name in cls.SAVED if name in client})
+        return cls(**{name: client[key] for name, key in cls.CLIENT_KEYS.items() if key in client})
 
 
 class StopTraining(Exception):
@@ -97,8 +119,6 @@ class StopTraining(Exception):
 
 
 def get_arguments(argv=None):
-    import deepspeed
-
     parser = deepspeed.add_config_arguments(get_argument_parser())
     return parser.parse_args(argv)
 
@@ -173,6 +193,10 @@ def construct_arguments(argv=None):
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
                          f"--max_seq_length {args.max_seq_length}")
     check_config_values(args)
+    try:
+        lr_factor(args.lr_schedule, 0, config["training"], 0.0)
+    except ValueError as e:
+        raise InputError(f"{e} (the schedules are those of deepspeed_train.lr_factor; see --help)") from None
     return args
 
 
@@ -287,16 +311,87 @@ def resolve_batch_sizes(ds_config, world, path):
     return micro, accum
 
 
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The run's settings, built once (`from_args`) from the command line, the job config and
+    the DeepSpeed config once they are read and checked (construct_arguments) and the process
+    group is up (setup_distributed), and handed to every part of the program. Attribute names
+    are the command line's, so a function written for the original's `args` reads either;
+    `args` itself stays at the public boundary the original defined (construct_arguments,
+    prepare_model_optimizer, train, run, the checkpoint and validation calls)."""
+    # files and folders
+    config_file: str
+    deepspeed_config: str
+    output_dir: str
+    job_name: str
+    saved_model_path: str            # OUT/saved_models/JOB
+    tensorboard_path: str            # OUT/runs/JOB
+    data_path_prefix: str
+    validation_data_path_prefix: Optional[str]
+    vocab_file: str                  # resolved bert_token_file
+    vocab_size: int                  # the model's rows: the vocab file's lines, rounded up to a multiple of 8
+    # the configs, read and checked; config["training"] is this sequence length's section and
+    # config["data"]["datasets"] its data sets
+    config: dict
+    ds_config: dict
+    # data and batch layout
+    max_seq_length: int
+    max_predictions_per_seq: int
+    use_nvidia_dataset: bool
+    refresh_bucket_size: int
+    do_lower_case: bool
+    train_micro_batch_size_per_gpu: int   # as DeepSpeed derives it from ds_config
+    gradient_accumulation_steps: int
+    ranks: Ranks
+    # schedule and run control
+    lr_schedule: str
+    lr_offset: float
+    rewarmup: bool
+    seed: int
+    print_steps: int
+    max_steps: int
+    max_steps_per_epoch: int
+    max_train_hours: Optional[float]
+    validation_every_steps: int
+    finetune: bool
+    log_level: str
+    # checkpoints
+    auto_resume: bool
+    load_training_checkpoint: Optional[str]
+    load_checkpoint_id: Optional[str]
+    ckpt_to_save: Optional[tuple]
+    checkpoint_every_steps: int
+    keep_last_checkpoints: int
+    max_nonfinite_steps: int
+    use_pretrain: bool
+    # model
+    model: ModelOptions
+    next_sentence_prediction: bool
+    progressive_layer_drop: bool
+    compile: bool
+    # the resolved command line, as saved beside every checkpoint (args.json) and logged
+    arguments: dict
+
+    @classmethod
+    def from_args(cls, args, ranks):
+        """The config of a parsed, checked command line (construct_arguments) on `ranks`."""
+        same = {f.name for f in dataclasses.fields(cls)} - {"ranks", "model", "ckpt_to_save", "arguments"}
+        return cls(ranks=ranks, model=ModelOptions.from_args(args),
+                   ckpt_to_save=tuple(args.ckpt_to_save) if args.ckpt_to_save is not None else None,
+                   arguments={k: v for k, v in vars(args).items() if k not in ("config", "ds_config")},
+                   **{name: getattr(args, name) for name in same})
+
+
 def master_process(args=None):
-    """True on global rank 0 (or when no process group exists)."""
-    return get_rank_and_world()[0] == 0
+    """The original's call: True on global rank 0 (or when no process group exists)."""
+    return Ranks.current().is_main
 
 
-def setup_logging(args, is_master):
-    level = getattr(logging, args.log_level.upper()) if is_master else logging.WARNING
-    rank = get_rank_and_world()[0]
+def setup_logging(cfg):
+    ranks = cfg.ranks
+    level = getattr(logging, cfg.log_level.upper()) if ranks.is_main else logging.WARNING
     logging.basicConfig(level=level, force=True,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s [rank {ranks.rank}] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bing_bert").setLevel(level)
 
 
@@ -314,19 +409,13 @@ def ensure_process_group_env():
 def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
-    derive them from its config. Safe to call again."""
-    import deepspeed
-
+    derive them from its config; returns this process's Ranks. Safe to call again."""
     ensure_process_group_env()
     deepspeed.init_distributed()
+    ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
-        args.ds_config, get_rank_and_world()[1], args.deepspeed_config)
-
-
-def set_seeds(seed):
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+        args.ds_config, ranks.world, args.deepspeed_config)
+    return ranks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +423,7 @@ def set_seeds(seed):
 
 
 def prepare_optimizer_parameters(args, model):
-    """Parameter groups (SPEC 4), in the original's order, which positional optimizer states
+    """Parameter groups, in the original's order, which positional optimizer states
     rely on: the weight-decay group, the no-decay group (biases and LayerNorms), each in the
     model's parameter order without the pooler; for the 1-bit optimizers, after those, one group
     per position-embedding table with its momentum mask."""
@@ -359,45 +448,32 @@ def prepare_optimizer_parameters(args, model):
 
 
 def _check_optimizer_support(ds_config, path):
-    from deepspeed.accelerator import get_accelerator
-
     on_cuda = get_accelerator().device_name() == "cuda"
     opt_type = ds_config.get("optimizer", {}).get("type", "")
     if opt_type.lower() in ONEBIT_OPTIMIZERS and not on_cuda:
         raise InputError(f"{path}: optimizer '{opt_type}' needs CUDA and cupy; use AdamW on this machine")
-    if ds_config.get("fp16", {}).get("enabled") and not on_cuda:
+    if precision_of(ds_config) == "fp16" and not on_cuda:
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
 
 
-def load_pretrained_weights(args, network):
+def load_pretrained_weights(cfg, network):
     """--use_pretrain: start from `bert_model_file`, which is a state dict with the original's
     key names (.pt/.bin), a checkpoint folder of ours (its `latest` tag, or a tag folder), or
     a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
     be missing (an export drops them); they keep their fresh initialisation. Files are read
     with torch.load(weights_only=True) and never unpickled beyond that."""
-    from turing.hf_convert import (HF_MISSING_KEYS, is_hf_folder, load_checkpoint_state, load_error_detail,
-                                   load_hf_folder)
-
-    name = args.config.get("bert_model_file") or ""
-    path = next((p for p in (name, os.path.join(args.data_path_prefix, name)) if name and os.path.exists(p)), None)
+    name = cfg.config.get("bert_model_file") or ""
+    path = next((p for p in (name, os.path.join(cfg.data_path_prefix, name)) if name and os.path.exists(p)), None)
     if path is None:
-        raise InputError(f"{args.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
+        raise InputError(f"{cfg.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
                          f"a state dict file, a checkpoint folder of this project or a Hugging Face export")
     if is_hf_folder(path):
         state_dict, _ = load_hf_folder(path)
     elif os.path.isdir(path):
         state_dict, _, _ = load_checkpoint_state(path, unpickle_fallback=False)
     else:
-        try:
-            state_dict = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for a file it cannot read
-            raise InputError(f"{path}: not a torch state dict ({load_error_detail(path, e)})") from None
-        state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
-        if not isinstance(state_dict, dict):
-            raise InputError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
+        state_dict = read_state_dict_file(path)
     if getattr(network.bert.encoder, "uses_transformer_kernel", False):
-        from turing.hf_convert import to_transformer_kernel_layout
-
         state_dict = to_transformer_kernel_layout(state_dict)
     own = network.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
@@ -419,7 +495,7 @@ def compile_model(network):
     the run goes on uncompiled, with a warning.
     """
     try:
-        import torch._dynamo
+        import torch._dynamo  # only for --compile, whose failure to set up is a warning
 
         torch._dynamo.config.suppress_errors = True
         network.compile()
@@ -430,60 +506,48 @@ def compile_model(network):
     logger.info("--compile: the model is compiled at its first forward (this takes a while)")
 
 
-def prepare_model_optimizer(args):
+def prepare_model_optimizer(args, cfg=None):
     """Build BertMultiTask, wrap its network in a DeepSpeed engine; returns (model, optimizer).
 
     Works on its own after construct_arguments(), as the original's did: it sets up the process
     group, fills args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps,
-    args.device and args.fp16, and starts the session (`model.session`: run state, reporter,
-    stop signals) that train(), run() and the checkpoint functions use.
+    args.device and args.fp16, and starts the session (`model.session`: the RunConfig `cfg`,
+    built here when not given, run state, reporter, stop signals) that train(), run() and the
+    checkpoint functions use.
     """
-    import deepspeed
-
-    from turing.lamb import build_lamb_if_needed
-    from turing.models import BertMultiTask
-
-    setup_distributed(args)
-    _check_optimizer_support(args.ds_config, args.deepspeed_config)
-    model = BertMultiTask(args)
-    if args.use_pretrain:
-        load_pretrained_weights(args, model.network)
-    if args.compile:
+    ranks = setup_distributed(args)
+    cfg = cfg or RunConfig.from_args(args, ranks)
+    _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)
+    model = BertMultiTask(cfg)
+    if cfg.use_pretrain:
+        load_pretrained_weights(cfg, model.network)
+    if cfg.compile:
         compile_model(model.network)
-    groups = prepare_optimizer_parameters(args, model)
+    groups = prepare_optimizer_parameters(cfg, model)
     # Blocks DeepSpeed 0.19 no longer knows (and refuses) are ours to read: sparse attention
     # (the model builds it) and progressive layer drop (theta computed in RunContext).
-    engine_config = {k: v for k, v in args.ds_config.items()
+    engine_config = {k: v for k, v in cfg.ds_config.items()
                      if k not in ("sparse_attention", "progressive_layer_drop")}
     # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op.
     optimizer, engine_config = build_lamb_if_needed(engine_config, groups)
     model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
                                                           optimizer=optimizer, config=engine_config)
     engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
-    if engine_sizes != (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps):
+    if engine_sizes != (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps):
         raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "
-                           f"{(args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps)}")
+                           f"{(cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps)}")
     model.set_device(model.network.device)
     args.device = model.network.device
     args.fp16 = model.network.fp16_enabled()
-    model.session = RunContext(args, model.network, RunState(
-        seq_length=args.max_seq_length, micro_batch=args.train_micro_batch_size_per_gpu,
-        grad_accum=args.gradient_accumulation_steps))
+    model.session = RunContext(cfg, RunState(
+        seq_length=cfg.max_seq_length, micro_batch=cfg.train_micro_batch_size_per_gpu,
+        grad_accum=cfg.gradient_accumulation_steps))
     return model, optimizer
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints
-#
-# A checkpoint folder OUT/saved_models/JOB/TAG is complete once COMPLETE_MARKER is in it; only
-# then does `latest` (written by us, atomically) name it. Tags: epoch{E}_step{S} after an
-# epoch, step{S} for interval and stop checkpoints (mid-epoch, with the position inside it).
-# Folders without markers (the original program's, DeepSpeed's own, copies) are resumed from
-# only when no complete checkpoint is beside them, and only once they load.
+# Checkpoints (folders, tags, the completion marker and pruning: turing/checkpoint.py)
 
-COMPLETE_MARKER = "checkpoint_complete.json"
-ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
-CLIENT_STATE_KEYS = ("epoch", "last_global_step", "last_global_data_samples")
 
 
 class CheckpointNotWritten(StopTraining):
@@ -492,11 +556,17 @@ class CheckpointNotWritten(StopTraining):
 
 
 def checkpoint_model(PATH, ckpt_id, model, epoch, last_global_step, last_global_data_samples, **kwargs):
-    """Save through the engine (every rank takes part) with the run state as client state."""
-    client_state = {"epoch": epoch, "last_global_step": last_global_step,
-                    "last_global_data_samples": last_global_data_samples, **kwargs}
-    if not model.network.save_checkpoint(PATH, ckpt_id, client_state, save_latest=False):
-        raise RuntimeError(f"checkpoint {PATH}/{ckpt_id} was not written")
+    """The original's call: save through the engine with the run position (its parameters are
+    the client-state keys) and any other client state in `kwargs`. Training saves through
+    save_checkpoint, which makes the checkpoint complete."""
+    write_engine_checkpoint(model, PATH, ckpt_id, {"epoch": epoch, "last_global_step": last_global_step,
+                                                   "last_global_data_samples": last_global_data_samples, **kwargs})
+
+
+def write_engine_checkpoint(model, path, tag, client_state):
+    """The engine's files of path/tag (every rank takes part) with `client_state`."""
+    if not model.network.save_checkpoint(path, tag, client_state, save_latest=False):
+        raise RuntimeError(f"checkpoint {path}/{tag} was not written")
 
 
 def rng_states():
@@ -538,48 +608,15 @@ def _barrier():
         dist.barrier()
 
 
-def save_run_files(args, folder):
+def save_run_files(cfg, folder):
     """The job config and the resolved arguments next to a checkpoint (rank 0), on disk."""
     os.makedirs(folder, exist_ok=True)
-    plain = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
-    for name, content in (("job_config.json", args.config), ("args.json", plain),
-                          ("ds_config.json", args.ds_config)):
-        _write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
+    for name, content in (("job_config.json", cfg.config), ("args.json", cfg.arguments),
+                          ("ds_config.json", cfg.ds_config)):
+        write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
 
 
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path, text):
-    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync(os.path.dirname(path))
-
-
-def sync_folder(folder):
-    """fsync every file under `folder`, then the folders (so their new entries last too)."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            _fsync(os.path.join(root, name))
-        _fsync(root)
-
-
-def save_checkpoint(args, model, state, tag):
+def save_checkpoint(cfg, model, state, tag):
     """A complete checkpoint, or none. The engine's files (every rank takes part, with every
     rank's RNG states in the client state) are fsync'ed by one rank per node, then rank 0
     writes the run files and the completion marker, then `latest`; older interval checkpoints
@@ -588,157 +625,45 @@ def save_checkpoint(args, model, state, tag):
     A write that fails (a full disk) ends the run with CheckpointNotWritten: the half-written
     folder is removed, the previous checkpoints and `latest` are untouched.
     """
-    folder = os.path.join(args.saved_model_path, tag)
-    is_master = master_process(args)
+    folder = os.path.join(cfg.saved_model_path, tag)
+    ranks = model.session.ranks
+    is_master = ranks.is_main
     logger.info("Saving checkpoint %s", folder)
     try:
         marker = os.path.join(folder, COMPLETE_MARKER)
         if is_master and os.path.exists(marker):
             os.remove(marker)  # written again under the same tag: incomplete until whole again
-        checkpoint_model(args.saved_model_path, tag, model, **state.client_state(),
-                         rng_states=_all_ranks(rng_states()))
+        write_engine_checkpoint(model, cfg.saved_model_path, tag,
+                                {**state.to_client_state(), "rng_states": _all_ranks(rng_states())})
         _barrier()
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if ranks.is_node_main:
             sync_folder(folder)
         _barrier()
         if is_master:
-            save_run_files(args, folder)
-            _write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
-            _write_atomic(os.path.join(args.saved_model_path, "latest"), tag)
+            save_run_files(cfg, folder)
+            write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step, "time": time.time()}))
+            write_atomic(os.path.join(cfg.saved_model_path, "latest"), tag)
     except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
-        raise checkpoint_not_written(args, folder, e) from e
+        raise checkpoint_not_written(cfg, folder, e, ranks) from e
     if is_master:
-        prune_interval_checkpoints(args.saved_model_path, args.keep_last_checkpoints, keep=tag)
+        prune_interval_checkpoints(cfg.saved_model_path, cfg.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
 
 
-def checkpoint_not_written(args, folder, error):
+def checkpoint_not_written(cfg, folder, error, ranks):
     """The one-line end of a run whose checkpoint failed, after rank 0 removed the half-written
     folder (which frees the space it took, e.g. for the TensorBoard events still to flush)."""
     logger.debug("Checkpoint write failed", exc_info=error)
-    free_mib = shutil.disk_usage(args.saved_model_path).free / 2**20  # as the failed write found it
-    if master_process(args):
+    free_mib = shutil.disk_usage(cfg.saved_model_path).free / 2**20  # as the failed write found it
+    if ranks.is_main:
         shutil.rmtree(folder, ignore_errors=True)
-    complete = complete_tags(args.saved_model_path)
+    complete = complete_tags(cfg.saved_model_path)
     reason = (str(error).strip().splitlines() or [""])[0]
     newest = f"the newest complete checkpoint is {complete[-1]}" if complete else "no checkpoint yet"
     return CheckpointNotWritten(
         f"checkpoint {folder} could not be written ({type(error).__name__}: {reason}; {free_mib:.1f} MiB free "
         f"there): removed it; {newest}, `latest` unchanged. Free some space, then re-run with --auto_resume", 4)
-
-
-def _step_of(tag):
-    match = re.fullmatch(r"(?:epoch\d+_)?(?:global_)?step(\d+)", tag)
-    return int(match.group(1)) if match else -1
-
-
-def _tag_order(tag):
-    return _step_of(tag), tag.startswith("epoch")
-
-
-def complete_tags(path):
-    """Complete checkpoint tags in a folder, oldest first (by global step)."""
-    if not os.path.isdir(path):
-        return []
-    tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
-    return sorted(tags, key=_tag_order)
-
-
-def engine_tags(path):
-    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
-    if not os.path.isdir(path):
-        return []
-    tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
-    return sorted(tags, key=_tag_order)
-
-
-def holds_checkpoints(path):
-    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
-    return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
-
-
-def checkpoint_damage(folder):
-    """Why the checkpoint in `folder` cannot load, found without loading it; None when it looks
-    whole. A torch file is a zip archive whose directory sits at its end: cut short, it has none."""
-    names = sorted(os.listdir(folder))
-    if not any(n.endswith(ENGINE_FILE_SUFFIX) for n in names):
-        return f"no *{ENGINE_FILE_SUFFIX} file"
-    for name in (n for n in names if n.endswith(".pt")):
-        with open(os.path.join(folder, name), "rb") as f:
-            head = f.read(4)
-        if not head:
-            return f"{name} is empty"
-        if head == b"PK\x03\x04":  # torch's zip format (the legacy pickle format is left to the loader)
-            try:
-                zipfile.ZipFile(os.path.join(folder, name)).close()
-            except zipfile.BadZipFile:
-                return f"{name} is cut short or damaged"
-    return None
-
-
-def prune_interval_checkpoints(path, keep_last, keep):
-    """Remove all but the newest `keep_last` step{S} checkpoints; never `keep` (the latest)."""
-    if keep_last <= 0:
-        return
-    interval = [t for t in complete_tags(path) if t.startswith("step")]
-    for tag in interval[:-keep_last]:
-        if tag != keep:
-            shutil.rmtree(os.path.join(path, tag), ignore_errors=True)
-            logger.info("Removed old interval checkpoint %s", tag)
-
-
-def resume_candidates(path, tag, warn=logger.warning):
-    """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
-    'latest': the tag the latest file names, else the newest).
-
-    Where the folder holds complete checkpoints, only they count (a tag without the marker was
-    being written when its run died); a folder without any (written by the original program,
-    by DeepSpeed directly, or copied without the markers) offers every tag folder with engine
-    files. The tag asked for comes first; older ones follow as fall-backs. Tags whose files are
-    cut short are left out, with a warning; none left is an InputError.
-    """
-    if not os.path.isdir(path):
-        raise InputError(f"{path}: checkpoint folder not found (--load_training_checkpoint)")
-    complete = complete_tags(path)
-    pool = complete or engine_tags(path)
-    if tag in (None, "latest"):
-        latest = os.path.join(path, "latest")
-        if os.path.isfile(latest):
-            with open(latest) as f:
-                tag = f.read().strip()
-        elif pool:
-            tag = pool[-1]
-        else:
-            raise InputError(f"{path}: no checkpoint there (no 'latest' file, no tag folder with "
-                             f"*{ENGINE_FILE_SUFFIX}); give --load_checkpoint_id TAG or another folder")
-    elif not os.path.isdir(os.path.join(path, tag)):
-        tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-        raise InputError(f"{os.path.join(path, tag)}: checkpoint tag '{tag}' not found (--load_checkpoint_id); "
-                         f"tags there: {', '.join(tags) or 'none'}")
-    folder = os.path.join(path, tag)
-    if tag not in pool:
-        warn("Checkpoint %s is missing or incomplete (no %s: killed while writing?)", folder, COMPLETE_MARKER)
-    elif not complete:
-        warn("Checkpoint %s has no %s (written by the original program, by DeepSpeed directly, or copied "
-             "without it): resuming from it if it loads", folder, COMPLETE_MARKER)
-    candidates = ([tag] if tag in pool else []) + [
-        t for t in reversed(pool) if t != tag and (_tag_order(t) <= _tag_order(tag) or _step_of(tag) < 0)]
-    usable, damaged = [], []
-    for candidate in candidates:
-        damage = checkpoint_damage(os.path.join(path, candidate))
-        if damage is None:
-            usable.append(candidate)
-        else:
-            damaged.append(f"{candidate}: {damage}")
-            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
-    if not usable:
-        raise InputError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
-                         f"move the folder away to start fresh, or give another --job_name")
-    if usable[0] != tag:
-        warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
-    return usable
 
 
 def load_first_loadable(model, path, tag):
@@ -754,7 +679,7 @@ def load_first_loadable(model, path, tag):
         except Exception as e:  # noqa: BLE001 - torch and DeepSpeed raise many types for a file they cannot read
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         else:
-            missing = [k for k in CLIENT_STATE_KEYS if k not in (client_state or {})]
+            missing = RunState.missing_keys(client_state or {})
             if client_state is None:
                 why = "DeepSpeed could not load it"
             elif missing:
@@ -774,8 +699,6 @@ def check_checkpoint_fits(model, folder):
     """Refuse, in one line, a checkpoint whose model has other sizes than this run's (DeepSpeed's
     strict load would end in a long size-mismatch traceback). The model states file is mapped,
     not read; a file this check cannot open is left to DeepSpeed."""
-    from turing.hf_convert import MODEL_STATES_FILE, numpy_array_globals
-
     path = os.path.join(folder, MODEL_STATES_FILE)
     try:
         with torch.serialization.safe_globals(numpy_array_globals()):
@@ -800,7 +723,7 @@ def check_checkpoint_fits(model, folder):
                          f"with (job_config.json beside it)")
 
 
-def restore_run_state(args, state, saved, folder):
+def restore_run_state(cfg, state, saved, folder):
     """Take a checkpoint's run state `saved` into this session's `state`, by phase (the sequence
     length, which the run state records):
 
@@ -812,9 +735,9 @@ def restore_run_state(args, state, saved, folder):
       counters and epoch carry on, the position inside the epoch starts at 0, and --rewarmup
       restarts the LR warmup at the restored step, once (this phase's checkpoints record it).
     """
-    state.epoch, state.global_step, state.global_data_samples = saved.epoch, saved.global_step, \
-        saved.global_data_samples
-    state.train_seconds, state.nonfinite_total = saved.train_seconds, saved.nonfinite_total
+    for name in RunState.CLIENT_KEYS:
+        if name not in RunState.LAYOUT:
+            setattr(state, name, getattr(saved, name))
     state.restore_step = saved.global_step
     if saved.seq_length == state.seq_length:
         layout, saved_layout = (state.micro_batch, state.grad_accum), (saved.micro_batch, saved.grad_accum)
@@ -825,17 +748,16 @@ def restore_run_state(args, state, saved, folder):
                 f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
                 f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
                 f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
-        state.epoch_micro_step, state.rewarmup_offset = saved.epoch_micro_step, saved.rewarmup_offset
-        if args.rewarmup:
+        if cfg.rewarmup:
             logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
                         "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
         return
     trained_at = f"sequence length {saved.seq_length}" if saved.seq_length else "an unrecorded sequence length"
     state.epoch_micro_step = 0
-    state.rewarmup_offset = saved.global_step if args.rewarmup else saved.rewarmup_offset
+    state.rewarmup_offset = saved.global_step if cfg.rewarmup else saved.rewarmup_offset
     logger.info("%s was trained at %s, this run at %d: a new phase, starting at the beginning of epoch %d%s",
                 folder, trained_at, state.seq_length, state.epoch + 1,
-                f", LR re-warmed from global step {saved.global_step}" if args.rewarmup else "")
+                f", LR re-warmed from global step {saved.global_step}" if cfg.rewarmup else "")
 
 
 def load_training_checkpoint(args, model, PATH, ckpt_id):
@@ -844,33 +766,38 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     returns (epoch, last_global_step, last_global_data_samples) as the original did."""
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
-    restore_run_state(args, model.session.state, RunState.from_client_state(client_state), folder)
-    rank, world = get_rank_and_world()
+    saved = RunState.from_client_state(client_state)
+    restore_run_state(model.session.config, model.session.state, saved, folder)
+    rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
         set_rng_states(saved_rng[rank])
     elif saved_rng is not None:
         logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
-    return client_state["epoch"], client_state["last_global_step"], client_state["last_global_data_samples"]
+    return saved.epoch, saved.global_step, saved.global_data_samples
 
 
-def resume_source(args):
+def resume_source(cfg):
     """(folder, tag) the run resumes from, or (None, None) for a fresh start: --auto_resume takes
     the run's own folder when it holds any checkpoint, else --load_training_checkpoint."""
-    if args.auto_resume and holds_checkpoints(args.saved_model_path):
-        return args.saved_model_path, "latest"
-    return args.load_training_checkpoint, args.load_checkpoint_id
+    if cfg.auto_resume and holds_checkpoints(cfg.saved_model_path):
+        return cfg.saved_model_path, "latest"
+    return cfg.load_training_checkpoint, cfg.load_checkpoint_id
 
 
 def load_checkpoint(args, model):
     """Restore from --auto_resume (OUT/saved_models/JOB/latest, when there) or from
     --load_training_checkpoint/--load_checkpoint_id into the session's run state; returns the
     epoch to start at (0 without a checkpoint)."""
-    path, tag = resume_source(args)
-    if args.auto_resume and path == args.saved_model_path:
+    # the original's callers may set the resume flags on `args` after the model is built
+    cfg = dataclasses.replace(model.session.config, auto_resume=args.auto_resume,
+                              load_training_checkpoint=args.load_training_checkpoint,
+                              load_checkpoint_id=args.load_checkpoint_id)
+    path, tag = resume_source(cfg)
+    if cfg.auto_resume and path == cfg.saved_model_path:
         logger.info("--auto_resume: resuming from %s", path)
-    elif args.auto_resume:
-        logger.info("--auto_resume: no checkpoint in %s yet, %s", args.saved_model_path,
+    elif cfg.auto_resume:
+        logger.info("--auto_resume: no checkpoint in %s yet, %s", cfg.saved_model_path,
                     "starting from --load_training_checkpoint" if path else "starting fresh")
     state = model.session.state
     if path is None:
@@ -893,6 +820,9 @@ def lr_factor(schedule, step, training, budget_fraction=None):
     total_training_steps, `linear` (1 - t) or `1-sqrt` (1 - sqrt t) by cooldown_shape.
     budget: the same shape over `budget_fraction`, the share of --max_train_hours spent, so a
     run stopped by its time budget ends annealed whatever its speed.
+
+    A new schedule is one more branch here (construct_arguments refuses names this function
+    does not know), plus its line in --help.
     """
     total = training["total_training_steps"]
     warmup = training["warmup_proportion"]
@@ -911,7 +841,7 @@ def lr_factor(schedule, step, training, budget_fraction=None):
         if x < warmup:
             return (x / warmup) ** 1.5
         return max(0.0, 1.0 - x) ** 2
-    raise ValueError(f"unknown --lr_schedule {schedule}")
+    raise ValueError(f"unknown --lr_schedule {schedule!r}")
 
 
 def warmup_stable_decay(x, warmup, cooldown, shape):
@@ -926,15 +856,15 @@ def warmup_stable_decay(x, warmup, cooldown, shape):
     return 1.0 - t if shape == "linear" else 1.0 - math.sqrt(t)
 
 
-def budget_fraction(args, state, ctx, device):
+def budget_fraction(cfg, state, ctx, device):
     """The share of --max_train_hours spent (summed over sessions) for the budget schedule, the
     largest over ranks so every rank sets the same LR; None for the other schedules."""
-    if args.lr_schedule != "budget":
+    if cfg.lr_schedule != "budget":
         return None
     spent = torch.tensor([state.train_seconds + time.time() - ctx.session_start], dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-    return spent.item() / (args.max_train_hours * 3600)
+    return spent.item() / (cfg.max_train_hours * 3600)
 
 
 def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
@@ -952,43 +882,68 @@ def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_
 # Reporting
 
 
+THROUGHPUT_PERIOD = 20  # optimizer steps between throughput points (the progress period is --print_steps)
+
+
+def write_metrics(writer, step, values):
+    """The one place metrics reach TensorBoard: every {tag: value} at x = `step`. A string is
+    written as text, a list or array of numbers as a histogram, anything else as a scalar.
+    Without a writer (ranks other than 0) nothing is written."""
+    if writer is None:
+        return
+    for tag, value in values.items():
+        if isinstance(value, str):
+            writer.add_text(tag, value, step)
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            writer.add_histogram(tag, np.asarray(value), step)
+        else:
+            writer.add_scalar(tag, value, step)
+
+
 class Reporter:
-    """TensorBoard (rank 0) + progress lines. Losses stay on the device until a print step."""
+    """TensorBoard (rank 0) + progress lines. Every metric goes through `log(step, {tag: value})`.
+    Losses stay on the device until a progress step (every --print_steps optimizer steps);
+    throughput is measured over THROUGHPUT_PERIOD steps."""
 
-    def __init__(self, args, is_master):
-        self.args = args
-        self.is_master = is_master
+    def __init__(self, cfg):
+        self.config = cfg
+        self.ranks = ranks = cfg.ranks
+        self.is_master = ranks.is_main
         self.writer = None
-        if is_master:
-            from tensorboardX import SummaryWriter
-
+        if ranks.is_main:
             # a unique suffix: a resumed session in the same second must not overwrite the file
-            self.writer = SummaryWriter(args.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            self.writer = SummaryWriter(cfg.tensorboard_path, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.fp16_skipped = 0      # the engine's count of overflow-skipped steps, last seen
         self.window = (time.time(), 0, 0.0)  # start, samples, data wait seconds
         self.train_seconds = None  # training time at the end of the last optimizer step
 
+    def log(self, step, values):
+        """Write {tag: value} at x = `step` (rank 0; a no-op elsewhere)."""
+        write_metrics(self.writer, step, values)
+
     def step(self, state, lr, loss, data_wait, engine, ctx):
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
         self.train_seconds = state.train_seconds + time.time() - ctx.session_start
         if self.writer is not None:
-            report_lamb_coefficients(self.args, engine, self.writer, state.global_step)
-            if self.args.progressive_layer_drop:
-                self.writer.add_scalar("Train/pld_theta", ctx.pld_theta(state.global_step - 1), state.global_step)
+            coeffs = find_lamb_coeffs(engine)
+            if coeffs:
+                self.log(state.global_step, {"Train/lamb_coeffs": coeffs})
+            if self.config.progressive_layer_drop:
+                self.log(state.global_step, {"Train/pld_theta": ctx.pld_theta(state.global_step - 1)})
             if engine.fp16_enabled() and engine.skipped_steps != self.fp16_skipped:
                 # DeepSpeed's dynamic loss scale skipped this step (gradient overflow)
                 self.fp16_skipped = engine.skipped_steps
                 logger.warning("fp16 overflow: step %d skipped by the loss scaler (%d in all)",
                                state.global_step, self.fp16_skipped)
-                self.writer.add_scalar("Train/fp16_skipped_steps", self.fp16_skipped, state.global_step)
+                self.log(state.global_step, {"Train/fp16_skipped_steps": self.fp16_skipped})
         start, samples, waited = self.window
-        samples += self.args.train_micro_batch_size_per_gpu * self.args.gradient_accumulation_steps * \
-            get_rank_and_world()[1]
+        samples += self.config.train_micro_batch_size_per_gpu * self.config.gradient_accumulation_steps * \
+            self.ranks.world
         self.window = (start, samples, waited + data_wait)
-        if state.global_step % self.args.print_steps == 0:
+        if state.global_step % self.config.print_steps == 0:
             self.flush()
-        if state.global_step % 20 == 0:
+        if state.global_step % THROUGHPUT_PERIOD == 0:
             self.throughput(state.global_step)
 
     def flush(self, to_disk=False):
@@ -1002,7 +957,8 @@ class Reporter:
     def _write_pending(self):
         losses = torch.stack([p[3] for p in self.pending]).float().cpu().tolist()  # one sync
         for (step, samples, lr, _), loss in zip(self.pending, losses):
-            report_step_metrics(self.args, lr, loss, step, samples, self.writer)
+            self.log(step, {"Train/lr": lr})
+            self.log(samples, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
         step, samples, lr, _ = self.pending[-1]
         if self.is_master:
             logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d",
@@ -1017,28 +973,24 @@ class Reporter:
         if self.is_master:
             logger.info("step %d: %.1f samples/s, %.1f%% of the time waiting for data", step, rate,
                         100 * waited / elapsed)
-            self.scalar("Train/samples_per_sec", rate, step)
-            self.scalar("Train/tokens_per_sec", rate * self.args.max_seq_length, step)
-            self.scalar("Train/data_wait_fraction", waited / elapsed, step)
+        self.log(step, {"Train/samples_per_sec": rate, "Train/tokens_per_sec": rate * self.config.max_seq_length,
+                        "Train/data_wait_fraction": waited / elapsed})
         self.window = (now, 0, 0.0)
 
-    def validation(self, state, loss, mlm_acc, nsp_acc):
-        """A validation point by global step, with the training time it took to get there
-        (`Validation/step/*` and `Validation/train_minutes`, x = global step), so accuracy
-        can be plotted against steps or minutes whatever the epoch length."""
+    def validation(self, state, index, epoch_end, loss, mlm_acc, nsp_acc):
+        """A validation result: by epoch (`Validation/*`, x = epoch number) at an epoch's end, and
+        always by global step with the training time it took to get there (`Validation/step/*`
+        and `Validation/train_minutes`, x = global step), so accuracy can be plotted against
+        steps or minutes whatever the epoch length. The NSP accuracy is left out when None."""
         minutes = (state.train_seconds if self.train_seconds is None else self.train_seconds) / 60
         if self.is_master:
             logger.info("Validation at step %d after %.2f min of training: loss=%.6f, mlm_accuracy=%.4f",
                         state.global_step, minutes, loss, mlm_acc)
-        self.scalar("Validation/train_minutes", minutes, state.global_step)
-        self.scalar("Validation/step/Loss", loss, state.global_step)
-        self.scalar("Validation/step/MLM_accuracy", mlm_acc, state.global_step)
-        if nsp_acc is not None:
-            self.scalar("Validation/step/NSP_accuracy", nsp_acc, state.global_step)
-
-    def scalar(self, tag, value, step):
-        if self.writer is not None:
-            self.writer.add_scalar(tag, value, step)
+        values = {"Loss": loss, "MLM_accuracy": mlm_acc, **({} if nsp_acc is None else {"NSP_accuracy": nsp_acc})}
+        if epoch_end:
+            self.log(index + 1, {f"Validation/{k}": v for k, v in values.items()})
+        self.log(state.global_step, {"Validation/train_minutes": minutes,
+                                     **{f"Validation/step/{k}": v for k, v in values.items()}})
 
     def close(self):
         self.flush()
@@ -1050,20 +1002,19 @@ class Reporter:
 
 
 def report_step_metrics(args, lr, loss, step, data_sample_count, writer=None):
-    """One optimizer step's metrics to TensorBoard (SPEC 9 tags)."""
-    if writer is None:
-        return
-    writer.add_scalar("Train/lr", lr, step)
-    writer.add_scalar("Train/Samples/train_loss", loss, data_sample_count)
-    writer.add_scalar("Train/Samples/lr", lr, data_sample_count)
+    """The original's call: one optimizer step's metrics to `writer`, under the original's tags
+    (Train/lr by step, Train/Samples/train_loss and Train/Samples/lr by samples seen); the
+    training loop writes the same through Reporter.log."""
+    write_metrics(writer, step, {"Train/lr": lr})
+    write_metrics(writer, data_sample_count, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
 
 
 def report_lamb_coefficients(args, optimizer, writer=None, step=0):
     """The last step's LAMB coefficients (None without LAMB), written as the `Train/lamb_coeffs`
     histogram at `step` when a writer is given. `optimizer`: DeepSpeed's optimizer or the engine."""
     coeffs = find_lamb_coeffs(optimizer)
-    if coeffs and writer is not None:
-        writer.add_histogram("Train/lamb_coeffs", np.asarray(coeffs), step)
+    if coeffs:
+        write_metrics(writer, step, {"Train/lamb_coeffs": coeffs})
     return coeffs
 
 
@@ -1073,14 +1024,12 @@ def report_lamb_coefficients(args, optimizer, writer=None, step=0):
 
 def get_dataloader(args, dataset, eval_set=False):
     """A DataLoader over a map-style dataset (validation uses micro/2 per batch)."""
-    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
-
     batch_size = args.train_micro_batch_size_per_gpu
     if eval_set:
         batch_size = max(1, batch_size // 2)
-    rank, world = get_rank_and_world()
-    if world > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+    ranks = Ranks.current()
+    if ranks.world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=ranks.world, rank=ranks.rank, shuffle=False)
     else:
         sampler = SequentialSampler(dataset)
     # its own generator: building the iterator must not draw from the global torch RNG
@@ -1089,26 +1038,30 @@ def get_dataloader(args, dataset, eval_set=False):
 
 
 def _as_batch(items):
-    from turing.batch import Batch, collate_batch
-
     if isinstance(items, Batch):
         return items
     return collate_batch(items)
 
 
+# The data formats: name -> provider (a module at the repository root). Training reads the format
+# the job config's data.format names, else the original's switch: --use_nvidia_dataset "nvidia",
+# without it "bing". A validation folder is read by the first format that recognises it.
+DATA_FORMATS = {"nvidia": NvidiaBertDatasetProvider, "bing": BingBertDatasetProvider}
+
+
 def build_provider(args):
-    if args.use_nvidia_dataset:
-        from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-
-        return NvidiaBertDatasetProvider(args)
-    from bing_bert_dataset_provider import BingBertDatasetProvider
-
-    return BingBertDatasetProvider(args)
+    """The training data provider of the run's data format (see DATA_FORMATS)."""
+    name = args.config["data"].get("format") or ("nvidia" if args.use_nvidia_dataset else "bing")
+    if name not in DATA_FORMATS:
+        raise InputError(f"{args.config_file}: data.format '{name}' is not a known data format; "
+                         f"expected one of {', '.join(DATA_FORMATS)}")
+    return DATA_FORMATS[name](args)
 
 
 def open_validation_set(args):
-    """The validation set of the job config: NVIDIA hdf5 files or Bing numpy shards, read and
-    checked whole (also before the model is built, by check_run_inputs)."""
+    """The validation set of the job config (NVIDIA hdf5 files or Bing numpy shards, as the
+    folder holds), read and checked whole; once per run (check_run_inputs, before the model is
+    built; the session keeps it)."""
     path = os.path.join(args.validation_data_path_prefix,
                         _require(args.config, ["validation", "path"], args.config_file))
     if not os.path.isdir(path):
@@ -1117,33 +1070,26 @@ def open_validation_set(args):
     if not os.listdir(path):
         raise InputError(f"{path}: validation folder is empty; expected NVIDIA .hdf5 files or Bing shard "
                          f"folders (validation.path under --validation_data_path_prefix)")
-    hdf5 = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
-    if hdf5:
-        from torch.utils.data import ConcatDataset
-
-        from nvidia_bert_dataset_provider import PretrainingHdf5Dataset, read_hdf5_shard
-
-        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
-                                        args.vocab_size) for f in hdf5]
-        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
-    from turing.dataset import open_validation_dataset
-
-    return open_validation_dataset(path, load_vocab(args.vocab_file), args)
+    provider = next(p for p in DATA_FORMATS.values() if p.holds_validation_set(path))
+    return provider.validation_dataset(path, args)
 
 
-def check_run_inputs(args, provider):
+def check_run_inputs(cfg, provider):
     """What the run will read, checked before the model is built, so that a bad path or file
     costs seconds, not an epoch: the layout of every training shard, the validation set (read
-    whole), and the checkpoint a resume will load (there, and its files not cut short)."""
+    whole; returned, None without one), and the checkpoint a resume will load (there, and its
+    files not cut short)."""
     provider.check_shards()
-    if args.validation_data_path_prefix and not args.finetune:
-        open_validation_set(args)
-    path, tag = resume_source(args)
+    validation = None
+    if cfg.validation_data_path_prefix and not cfg.finetune:
+        validation = open_validation_set(cfg)
+    path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
+    return validation
 
 
-def claim_job_folder(args, is_master):
+def claim_job_folder(cfg):
     """One run per OUT/saved_models/JOB at a time; returns the lock (an open file; the run
     holds it until it closes it or ends, however it ends, as the OS then drops it), or None
     on ranks other than 0.
@@ -1152,9 +1098,9 @@ def claim_job_folder(args, is_master):
     a fresh run (neither --auto_resume nor --load_training_checkpoint) where checkpoints exist
     already: it would write over them and mix its TensorBoard curves with theirs.
     """
-    folder = args.saved_model_path
+    folder = cfg.saved_model_path
     lock = None
-    if is_master:
+    if cfg.ranks.is_main:
         lock_path = f"{folder}.lock"
         lock = open(lock_path, "a+")
         try:
@@ -1168,7 +1114,7 @@ def claim_job_folder(args, is_master):
         lock.truncate(0)
         lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         lock.flush()
-    if not args.auto_resume and args.load_training_checkpoint is None and holds_checkpoints(folder):
+    if not cfg.auto_resume and cfg.load_training_checkpoint is None and holds_checkpoints(folder):
         if lock is not None:
             lock.close()
         raise InputError(f"{folder} already holds checkpoints ({', '.join(engine_tags(folder)[-3:]) or 'latest'}); "
@@ -1181,16 +1127,16 @@ def claim_job_folder(args, is_master):
 # Validation
 
 
-def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end=True):
+def pretrain_validation(args, index, model, epoch_end=True):
     """Loss and MLM accuracy over the validation set, averaged over all ranks; None without
-    --validation_data_path_prefix. Written to the session's reporter unless one is given: by
-    epoch (at an epoch's end) and, given the run state, by global step with the training minutes."""
-    if args.validation_data_path_prefix is None:
+    --validation_data_path_prefix. Written to the session's reporter: by epoch (at an epoch's
+    end) and by global step with the training minutes."""
+    cfg = model.session.config
+    if cfg.validation_data_path_prefix is None:
         return None
-    if reporter is None:
-        reporter = model.session.reporter
-    dataset = open_validation_set(args)
-    loader = get_dataloader(args, dataset, eval_set=True)
+    if model.session.validation_set is None:
+        model.session.validation_set = open_validation_set(cfg)
+    loader = get_dataloader(cfg, model.session.validation_set, eval_set=True)
     model.eval()
     device = model.network.device
     # loss sum, batches, MLM correct, masked tokens, NSP correct, sequences
@@ -1198,16 +1144,13 @@ def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
-            # One forward for the scores; the loss is the model's (SPEC 5): MLM cross-entropy
-            # over the masked positions (0 without any) + NSP cross-entropy, in fp32.
+            # One forward for the scores (for the accuracies); the loss is the model's, in fp32.
             scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
             labels = batch.masked_lm_labels
             masked = labels != -1
-            mlm_loss = (F.cross_entropy(scores[masked].float(), labels[masked], reduction="sum")
-                        / masked.sum().clamp(min=1))
-            loss = mlm_loss
-            if args.next_sentence_prediction:
-                loss = loss + F.cross_entropy(nsp_scores.float(), batch.next_sentence_labels, ignore_index=-1)
+            loss = pretraining_loss(masked_lm_loss_of_scores(scores, labels),
+                                    nsp_scores.float() if cfg.next_sentence_prediction else None,
+                                    batch.next_sentence_labels)
             correct = (scores.argmax(-1) == labels) & masked
             nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),
@@ -1217,22 +1160,15 @@ def pretrain_validation(args, index, model, reporter=None, state=None, epoch_end
     if dist.is_initialized():
         dist.all_reduce(totals)
     if totals[5] == 0:
-        raise InputError(f"{os.path.join(args.validation_data_path_prefix, args.config['validation']['path'])}: "
+        raise InputError(f"{os.path.join(cfg.validation_data_path_prefix, cfg.config['validation']['path'])}: "
                          f"the validation set has no sequences (validation.path under --validation_data_path_prefix)")
     model.train()
     loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
-    if not args.next_sentence_prediction:
+    if not cfg.next_sentence_prediction:
         nsp_acc = None  # the NSP head is not trained: its accuracy means nothing
     logger.info("Validation epoch %d: loss=%.6f, mlm_accuracy=%.4f, nsp_accuracy=%s", index + 1, loss,
                 mlm_acc, "off" if nsp_acc is None else f"{nsp_acc:.4f}")
-    if reporter is not None:
-        if epoch_end:
-            reporter.scalar("Validation/Loss", loss, index + 1)
-            reporter.scalar("Validation/MLM_accuracy", mlm_acc, index + 1)
-            if nsp_acc is not None:
-                reporter.scalar("Validation/NSP_accuracy", nsp_acc, index + 1)
-        if state is not None:
-            reporter.validation(state, loss, mlm_acc, nsp_acc)
+    model.session.reporter.validation(model.session.state, index, epoch_end, loss, mlm_acc, nsp_acc)
     return loss, mlm_acc
 
 
@@ -1363,11 +1299,11 @@ class LauncherWatch(threading.Thread):
         self._done.set()
 
 
-def step_checks(args, state, loss, signals, session_start, engine):
+def step_checks(cfg, state, loss, signals, session_start, engine):
     """Once per optimizer step: is the loss finite, was a stop signal received, is the time
     budget spent. Ranks agree (one small all-reduce) so they stop or skip at the same step."""
-    over_time = (args.max_train_hours is not None and
-                 state.train_seconds + time.time() - session_start >= args.max_train_hours * 3600)
+    over_time = (cfg.max_train_hours is not None and
+                 state.train_seconds + time.time() - session_start >= cfg.max_train_hours * 3600)
     flags = torch.stack([(~torch.isfinite(loss)).float(), torch.tensor(float(signals.received or 0)).to(loss.device),
                          torch.tensor(float(over_time)).to(loss.device)])
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -1393,10 +1329,10 @@ def skip_step(engine, optimizer):
     engine.step()
 
 
-def epoch_micro_batches_allowed(args, start):
+def epoch_micro_batches_allowed(cfg, start):
     """Micro-batches epoch may still run from position `start` under --max_steps_per_epoch,
     which counts the epoch's optimizer steps whichever session ran them."""
-    return max(0, args.max_steps_per_epoch * args.gradient_accumulation_steps - start)
+    return max(0, cfg.max_steps_per_epoch * cfg.gradient_accumulation_steps - start)
 
 
 def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=False):
@@ -1406,6 +1342,7 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     non-finite losses, once the checkpoint is written. `finetune` is the original's parameter,
     kept for its callers: validation is run()'s business (skipped with --finetune)."""
     ctx = model.session
+    cfg = ctx.config
     state, reporter = ctx.state, ctx.reporter
     engine = model.network
     if index != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
@@ -1417,11 +1354,10 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     if total < local_total:
         logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
                        "(%d samples unused)", index + 1, local_total, total,
-                       (local_total - total) * args.train_micro_batch_size_per_gpu)
-    total = min(total, epoch_micro_batches_allowed(args, start))
-    _, world = get_rank_and_world()
-    samples_per_micro = args.train_micro_batch_size_per_gpu * world
-    accum = args.gradient_accumulation_steps
+                       (local_total - total) * cfg.train_micro_batch_size_per_gpu)
+    total = min(total, epoch_micro_batches_allowed(cfg, start))
+    samples_per_micro = cfg.train_micro_batch_size_per_gpu * ctx.ranks.world
+    accum = cfg.gradient_accumulation_steps
     step_loss, data_wait, stop = None, 0.0, None
     model.train()
     bar = tqdm(total=start + total, initial=start, desc=f"epoch {index + 1}", disable=not reporter.is_master,
@@ -1442,33 +1378,33 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
             engine.step()
             continue
         step_loss = step_loss / accum
-        nonfinite, signum, over_time = step_checks(args, state, step_loss, ctx.signals, ctx.session_start, engine)
+        nonfinite, signum, over_time = step_checks(cfg, state, step_loss, ctx.signals, ctx.session_start, engine)
         if nonfinite:
-            handle_nonfinite(args, model, optimizer, state, reporter, ctx)
+            handle_nonfinite(cfg, model, optimizer, state, reporter, ctx)
         else:
             state.nonfinite_in_a_row = 0
-            lr = update_learning_rate(args, args.config, state.global_step, optimizer, state.rewarmup_offset,
-                                      budget_fraction(args, state, ctx, engine.device))
+            lr = update_learning_rate(cfg, cfg.config, state.global_step, optimizer, state.rewarmup_offset,
+                                      budget_fraction(cfg, state, ctx, engine.device))
             engine.step()
             state.global_step += 1
             reporter.step(state, lr, step_loss, data_wait, engine, ctx)
         step_loss, data_wait = None, 0.0
         if signum:
             bar.close()
-            stop_with_checkpoint(args, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
+            stop_with_checkpoint(cfg, model, state, reporter, ctx, ctx.signals.describe(signum), 128 + signum)
         if over_time:
             stop = "time"
-        elif is_time_to_exit(args, global_steps=state.global_step - state.restore_step):
+        elif is_time_to_exit(cfg, global_steps=state.global_step - state.restore_step):
             stop = "max_steps"
-        if args.checkpoint_every_steps and state.global_step % args.checkpoint_every_steps == 0 \
+        if cfg.checkpoint_every_steps and state.global_step % cfg.checkpoint_every_steps == 0 \
                 and not nonfinite and stop is None and state.epoch_micro_step < start + total:
             reporter.flush(to_disk=True)
-            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+            save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
         if stop:
             break
-        if args.validation_every_steps and state.global_step % args.validation_every_steps == 0 \
+        if cfg.validation_every_steps and state.global_step % cfg.validation_every_steps == 0 \
                 and not nonfinite and state.epoch_micro_step < start + total:
-            validate_in_epoch(args, index, model, reporter, state, ctx)
+            validate_in_epoch(cfg, index, model, reporter, state, ctx)
     bar.close()
     reporter.flush()
     pretrain_dataset_provider.release_shard(index)
@@ -1477,54 +1413,56 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     return stop
 
 
-def validate_in_epoch(args, index, model, reporter, state, ctx):
+def validate_in_epoch(cfg, index, model, reporter, state, ctx):
     """--validation_every_steps: validate now (the end of an epoch or run validates in run());
     the time it takes is not training time (the clock of --max_train_hours and of the budget
     schedule is moved on by it)."""
     started = time.time()
-    pretrain_validation(args, index, model, reporter, state, epoch_end=False)
+    pretrain_validation(cfg, index, model, epoch_end=False)
     ctx.session_start += time.time() - started
 
 
-def handle_nonfinite(args, model, optimizer, state, reporter, ctx):
+def handle_nonfinite(cfg, model, optimizer, state, reporter, ctx):
     """Skip the step; after --max_nonfinite_steps in a row, checkpoint and stop."""
     skip_step(model.network, optimizer)
     state.nonfinite_in_a_row += 1
     state.nonfinite_total += 1
     logger.warning("Non-finite loss at global step %d: step skipped (%d in a row, %d in all)",
                    state.global_step + 1, state.nonfinite_in_a_row, state.nonfinite_total)
-    reporter.scalar("Train/nonfinite_steps", state.nonfinite_total, state.global_step + 1)
-    if state.nonfinite_in_a_row >= args.max_nonfinite_steps:
-        stop_with_checkpoint(args, model, state, reporter, ctx,
+    reporter.log(state.global_step + 1, {"Train/nonfinite_steps": state.nonfinite_total})
+    if state.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+        stop_with_checkpoint(cfg, model, state, reporter, ctx,
                              f"{state.nonfinite_in_a_row} non-finite losses in a row (--max_nonfinite_steps); "
                              f"lower the learning rate or check the data", 3)
 
 
-def stop_with_checkpoint(args, model, state, reporter, ctx, reason, exit_code):
+def stop_with_checkpoint(cfg, model, state, reporter, ctx, reason, exit_code):
     reporter.flush(to_disk=True)
-    folder = save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
+    folder = save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
     raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
                        f"(re-run with --auto_resume to continue)", exit_code)
 
 
 class RunContext:
-    """One training session: the run state (saved in checkpoints), the reporter, stop signals
-    and the session's clock. prepare_model_optimizer() keeps it on the model (`model.session`),
-    where the original's calls, which pass only (args, model, ...), find it."""
+    """One training session: its RunConfig (`config`, with the ranks), the run state (saved in
+    checkpoints), the reporter, stop signals and the session's clock. prepare_model_optimizer()
+    keeps it on the model (`model.session`), where the original's calls, which pass only
+    (args, model, ...), find it."""
 
-    def __init__(self, args, engine, state):
-        self.args = args
-        self.engine = engine
+    def __init__(self, cfg, state):
+        self.config = cfg
+        self.ranks = cfg.ranks
         self.state = state
         self.signals = StopSignals()
         self.session_start = time.time()
         self._reporter = None
+        self.validation_set = None  # opened once per run, at the first validation (or by check_run_inputs)
 
     @property
     def reporter(self):
         """TensorBoard (rank 0) and progress lines, opened at first use."""
         if self._reporter is None:
-            self._reporter = Reporter(self.args, master_process())
+            self._reporter = Reporter(self.config)
         return self._reporter
 
     def close(self):
@@ -1538,12 +1476,12 @@ class RunContext:
 
     def pld_theta(self, step):
         """Progressive layer drop keep-rate: theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
-        block = self.args.ds_config["progressive_layer_drop"]
+        block = self.config.ds_config["progressive_layer_drop"]
         theta_bar, gamma = block.get("theta", 0.5), block.get("gamma", 0.001)
         return (1.0 - theta_bar) * math.exp(-gamma * step) + theta_bar
 
     def pld_kwargs(self, step):
-        if not self.args.progressive_layer_drop:
+        if not self.config.progressive_layer_drop:
             return {}
         return {"progressive_layer_drop": True, "pld_theta": self.pld_theta(step)}
 
@@ -1563,9 +1501,10 @@ def run(args, model, optimizer, start_epoch, provider=None):
         finally:
             provider.close()
     ctx = model.session
+    cfg = ctx.config
     state, reporter = ctx.state, ctx.reporter
     ctx.session_start = time.time()
-    num_epochs = args.config["training"]["num_epochs"]
+    num_epochs = cfg.config["training"]["num_epochs"]
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the checkpoint has finished %d of %d epochs", start_epoch, num_epochs)
     for index in range(start_epoch, num_epochs):
@@ -1574,12 +1513,12 @@ def run(args, model, optimizer, start_epoch, provider=None):
         stop = train(args, index, model, optimizer, provider)
         epoch_done = state.epoch == index + 1
         reporter.flush(to_disk=True)
-        if epoch_done and (args.ckpt_to_save is None or state.epoch in args.ckpt_to_save):
-            save_checkpoint(args, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
+        if epoch_done and (cfg.ckpt_to_save is None or state.epoch in cfg.ckpt_to_save):
+            save_checkpoint(cfg, model, ctx.with_time(state), f"epoch{state.epoch}_step{state.global_step}")
         elif stop is not None:
-            save_checkpoint(args, model, ctx.with_time(state), f"step{state.global_step}")
-        if args.validation_data_path_prefix and not args.finetune:
-            pretrain_validation(args, index, model, reporter, state)
+            save_checkpoint(cfg, model, ctx.with_time(state), f"step{state.global_step}")
+        if cfg.validation_data_path_prefix and not cfg.finetune:
+            pretrain_validation(args, index, model)
         logger.info("Epoch %d took %.1f s", index + 1, time.time() - started)
         if stop is not None:
             logger.warning("Stopping: %s reached at epoch %d, global step %d",
@@ -1605,29 +1544,25 @@ def main(argv=None):
 
 
 def _main(args):
-    setup_distributed(args)
-    is_master = master_process(args)
-    setup_logging(args, is_master)
-    set_seeds(args.seed)
-    if is_master:
-        os.makedirs(args.saved_model_path, exist_ok=True)
-        logger.info("Arguments: %s", json.dumps({k: v for k, v in vars(args).items()
-                                                 if k not in ("config", "ds_config")}, default=str))
-        logger.info("Job config: %s", json.dumps(args.config))
-    from turing.modeling import check_model_flags
-
-    lock = claim_job_folder(args, is_master)  # before anything else is written there
+    cfg = RunConfig.from_args(args, setup_distributed(args))
+    setup_logging(cfg)
+    set_seeds(cfg.seed)
+    if cfg.ranks.is_main:
+        os.makedirs(cfg.saved_model_path, exist_ok=True)
+        logger.info("Arguments: %s", json.dumps(cfg.arguments, default=str))
+        logger.info("Job config: %s", json.dumps(cfg.config))
+    lock = claim_job_folder(cfg)  # before anything else is written there
     provider = session = None
     try:
-        check_model_flags(args)          # e.g. the CUDA-only transformer kernel, before any work
-        _check_optimizer_support(args.ds_config, args.deepspeed_config)  # 1-bit / fp16 need CUDA
+        cfg.model.check()                # e.g. the CUDA-only transformer kernel, before any work
+        _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
-        check_run_inputs(args, provider)
-        model, optimizer = prepare_model_optimizer(args)
+        validation = check_run_inputs(cfg, provider)
+        model, optimizer = prepare_model_optimizer(args, cfg)
         session = model.session
+        session.validation_set = validation
         start_epoch = load_checkpoint(args, model)
-        if is_master:
-            session.reporter.writer.add_text("config", json.dumps(args.config, indent=2))
+        session.reporter.log(None, {"config": json.dumps(cfg.config, indent=2)})
         session.signals.install()
         run(args, model, optimizer, start_epoch, provider)
     finally:

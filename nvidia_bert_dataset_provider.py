@@ -1,4 +1,4 @@
-"""NVIDIA hdf5 pretraining shards (SPEC 6a), the `--use_nvidia_dataset` provider.
+"""NVIDIA hdf5 pretraining shards, the `--use_nvidia_dataset` provider.
 
 Owns: the choice of shard file per (epoch, rank), reading and checking a shard, turning
 `masked_lm_positions`/`masked_lm_ids` into per-token labels, the DataLoader over a shard,
@@ -19,12 +19,12 @@ from concurrent.futures import ProcessPoolExecutor
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
-from utils import get_rank_and_world
+from utils import get_rank_and_world, set_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -170,10 +170,7 @@ class _WorkerInit:
 
     def __call__(self, worker_id):
         ignore_stop_signals()
-        seed = self.seed + worker_id
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        set_seeds(self.seed + worker_id)
 
 
 def list_training_files(folder):
@@ -190,7 +187,9 @@ def list_training_files(folder):
 
 
 def shard_file_index(epoch, rank, world, num_files):
-    """Index of the file a rank reads in an epoch (SPEC 6a)."""
+    """Index of the file a rank reads in an epoch: epoch x world + rank, shifted by
+    (world mod files) x epoch when there are more ranks than files, modulo the file count
+    (the original's rule)."""
     index = epoch * world + rank
     if world > num_files:
         index += (world % num_files) * epoch
@@ -218,6 +217,19 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
+
+    @staticmethod
+    def holds_validation_set(path):
+        return any(f.endswith((".hdf5", ".h5")) for f in os.listdir(path))
+
+    @staticmethod
+    def validation_dataset(path, args):
+        """Every .hdf5/.h5 file of `path`, in sorted order, read whole and checked against the
+        sequence length and the vocab size."""
+        files = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
+        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
+                                        args.vocab_size) for f in files]
+        return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
     def check_shards(self):
         """Layout, sequence length and size of every shard this rank reads in the run (cheap:

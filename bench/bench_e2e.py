@@ -1,7 +1,7 @@
 """End-to-end training speed: the real deepspeed_train.py, through the launcher, on generated shards.
 
 Owns nothing used in training. It writes, in a temporary folder, a vocab and learnable
-synthetic shards (tests/synthetic.py) in both formats (NVIDIA hdf5 and Bing numpy), a job
+synthetic shards (testkit/synthetic.py) in both formats (NVIDIA hdf5 and Bing numpy), a job
 config whose `bert_model_config` is configs/demo's (the anchor model: 4 layers, 256 hidden,
 4 heads, 1024 intermediate; vocab 30,528 by default) and a DeepSpeed config with
 `--batch` as the micro batch. Then, for each provider, it runs `deepspeed deepspeed_train.py
@@ -31,7 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import append_json_lines, load_average  # noqa: E402
-from tests import launch, synthetic  # noqa: E402
+from testkit import launcher as launch  # noqa: E402
+from testkit import synthetic  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 
 logger = logging.getLogger("bench_e2e")
@@ -130,7 +131,7 @@ def run_provider(root, job_path, ds_path, provider, args, tag):
     if provider == "nvidia":
         train_args.append("--use_nvidia_dataset")
     train_args += args.train_args.split()
-    # tests/launch.py pins tests to one intra-op thread; a benchmark runs with the machine's threads
+    # testkit.launcher.launch_env pins one intra-op thread (for tests); a benchmark runs with the machine's threads
     # (or --omp_threads), so the environment is the test helper's minus that pin.
     env = launch.launch_env()
     env.pop("OMP_NUM_THREADS", None)

@@ -2,7 +2,7 @@
 
 Owns nothing used in training. In one process it builds, at the same sizes, our model
 (`turing.modeling.BertForPreTrainingPreLN`), the original-style eager model
-(`tests/reference_model.py`, loaded with our weights) and Hugging Face's
+(`testkit/reference_model.py`, loaded with our weights) and Hugging Face's
 `BertForPreTraining` (attn_implementation="sdpa", built offline from a `BertConfig`), feeds
 them one fixed batch, and times full training steps (forward, backward, AdamW step, zero
 grad). Models run in alternating rounds (round r starts with a different model) so every
@@ -27,7 +27,7 @@ cannot be undone), so compare it across two runs.
 Batch. Every row has round(seq * (1 - pad)) real tokens (segment A then B), the rest padding;
 with `--lengths uniform` the row lengths spread evenly over [seq·(1 - 2·pad), seq] instead (same
 mean, like real data). min(max_pred, max(1, round(real * 0.15))) positions per row are labelled
-(SPEC 6b's rule).
+(the Bing provider's rule).
 
 Precision. fp32: the models and AdamW in fp32. bf16 / fp16: the model is held in that dtype
 (as DeepSpeed's bf16 and fp16 modes hold it) and AdamW updates fp32 master copies of the
@@ -58,6 +58,7 @@ its steps, measured in-process.
 treats it as active when the model reports it honours it (`model.unpad` true).
 """
 import argparse
+import ctypes
 import datetime
 import json
 import logging
@@ -69,12 +70,13 @@ import sys
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
-from tests import reference_model  # noqa: E402
+from testkit import reference_model  # noqa: E402
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 
 logger = logging.getLogger("bench_model")
@@ -233,7 +235,7 @@ def build_model(spec, args, device, dtype, our_state=None):
         if our_state is not None:
             model.load_state_dict(our_state, strict=True)
     else:
-        from transformers import BertConfig as HFBertConfig
+        from transformers import BertConfig as HFBertConfig  # optional: only for --models hf, slow to import
         from transformers import BertForPreTraining
 
         hf_config = HFBertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -403,8 +405,6 @@ def use_glibc_heap():
     already mapped instead of page-faulting fresh ones each step. mallopt also switches off
     glibc's dynamic mmap threshold for good, so this is a whole-process setting. -> applied?"""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         return libc.mallopt(-4, 0) == 1 and libc.mallopt(-1, 1 << 30) == 1  # M_MMAP_MAX, M_TRIM_THRESHOLD
     except (OSError, AttributeError):
@@ -465,8 +465,6 @@ PHASES = ("forward", "backward", "optimizer")
 
 def make_phased_step(model, loss_fn, optimizer, batch):
     """The training step with each phase under a profiler label, so ops can be attributed to it."""
-    from torch.profiler import record_function
-
     def step():
         with record_function("phase: forward"):
             loss = loss_fn(batch)
@@ -489,8 +487,6 @@ def run_profile(args, device, dtype, batch):
 
     Every op of the optimizer phase counts as "optimizer" whatever its name (AdamW's per-tensor
     loop is made of mul_/add_/sqrt/addcdiv_); forward and backward ops are grouped by name."""
-    from torch.profiler import ProfilerActivity, profile
-
     name = args.models[0]
     model, loss_fn = build_model(name, args, device, dtype)
     optimizer = make_optimizer(model, dtype, name, args.fused_adam)

@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
-from tests import launch  # noqa: E402
+from testkit import launcher as launch  # noqa: E402
 from tools.plot_run import plot_runs  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 

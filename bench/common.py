@@ -33,7 +33,7 @@ def _cpu_model_name():
 
 def machine_description(device_type="cpu"):
     """What the JSON lines record as "machine": the GPU's name, or the CPU's cores and model."""
-    import torch
+    import torch  # here, not at the top: the torch-free baselines import this module too
 
     if device_type == "cuda":
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"

@@ -9,8 +9,8 @@ WORK=${1:-demo_run}
 PY=${PYTHON:-python3}
 bash scripts/setup.sh
 if [ ! -f "$WORK/nvidia/vocab.txt" ]; then
-  "$PY" tools/make_demo_corpus.py --output "$WORK/corpus.txt"
-  "$PY" tools/prepare_data.py --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
+  "$PY" -m tools.make_demo_corpus --output "$WORK/corpus.txt"
+  "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
     --build_vocab 8000 --max_seq_length 128 --max_predictions_per_seq 20 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
 fi

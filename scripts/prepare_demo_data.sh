@@ -11,14 +11,14 @@ cd "$(dirname "$0")/.."
 WORK=${1:-demo_run}
 PY=${PYTHON:-python3}
 if [ ! -f "$WORK/nvidia/vocab.txt" ]; then
-  "$PY" tools/make_demo_corpus.py --output "$WORK/corpus.txt"
-  "$PY" tools/prepare_data.py --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
+  "$PY" -m tools.make_demo_corpus --output "$WORK/corpus.txt"
+  "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
     --build_vocab 8000 --max_seq_length 128 --max_predictions_per_seq 20 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
 fi
 if [ ! -d "$WORK/nvidia_mlm30/train" ]; then
   # the same documents held out (same --validation_fraction), its own validation copy unused
-  "$PY" tools/prepare_data.py --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm30" --format nvidia \
+  "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm30" --format nvidia \
     --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.3 --max_predictions_per_seq 40 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
 fi

@@ -4,7 +4,7 @@ or DataLoader work run beside the test process."""
 import pytest
 import torch
 
-from tests.synthetic import make_data_root
+from testkit.synthetic import make_data_root
 
 torch.set_num_threads(1)
 

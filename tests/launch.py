@@ -1,45 +1,13 @@
-"""Run deepspeed_train.py through the real `deepspeed` launcher from tests."""
+"""Run deepspeed_train.py from tests: through the real `deepspeed` launcher (the command line and
+environment are testkit.launcher's, shared with bench/) or in this process, on the tiny configs."""
 import json
 import os
-import re
-import shutil
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_CFG = os.path.join(REPO, "configs", "tiny", "bert_config.json")
-TINY_DS = os.path.join(REPO, "configs", "tiny", "ds_config.json")
-PROGRESS = re.compile(r"bing_bert_progress: step=(\d+), loss=([0-9.eE+-]+|nan|inf), lr=([0-9.eE+-]+), "
-                      r"sample_count=(\d+)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launcher_cmd(num_ranks=1):
-    exe = shutil.which("deepspeed")
-    base = [exe] if exe else [sys.executable, "-m", "deepspeed.launcher.runner"]
-    return base + ["--num_gpus", str(num_ranks), "--master_port", str(free_port())]
-
-
-def launch_env():
-    """The test process's environment without a process group of its own (the launcher sets it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                             "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = "1"  # tiny models; ranks share the machine's cores
-    return env
-
-
-def train_cmd(train_args, num_ranks=1):
-    return launcher_cmd(num_ranks) + [os.path.join(REPO, "deepspeed_train.py")] + [str(a) for a in train_args]
+from testkit.launcher import REPO, TINY_CFG, TINY_DS, launch_env, progress, train_cmd  # noqa: F401 (re-exported)
 
 
 def launch(train_args, num_ranks=1, timeout=600):
@@ -66,17 +34,19 @@ def wait_for_step(proc, out_file, step, timeout=300):
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
+def tiny_argv(data_root, out, *extra, seq=128, cf=TINY_CFG, ds=TINY_DS, nvidia=True):
+    """The command line of a tiny run (the one builder every test uses): job config `cf`, DeepSpeed
+    config `ds`, data under `data_root`, output to `out`, NVIDIA shards (Bing with nvidia=False),
+    then `extra`; all strings."""
+    args = ["--cf", cf, "--deepspeed", "--deepspeed_config", ds, "--output_dir", out, "--data_path_prefix", data_root,
+            "--max_seq_length", seq, "--max_predictions_per_seq", 20, *(["--use_nvidia_dataset"] if nvidia else []),
+            *extra]
+    return [str(a) for a in args]
+
+
 def tiny_args(data_root, out, seq=128, *extra, nvidia=True):
-    args = ["--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", str(out),
-            "--data_path_prefix", str(data_root), "--max_seq_length", str(seq), "--max_predictions_per_seq", "20"]
-    if nvidia:
-        args.append("--use_nvidia_dataset")
-    return args + [str(x) for x in extra]
-
-
-def progress(output):
-    """[(step, loss, lr, samples)] of the progress lines in a run's output."""
-    return [(int(s), float(l), float(r), int(c)) for s, l, r, c in PROGRESS.findall(output)]
+    """tiny_argv for the launcher tests, sequence length positional."""
+    return tiny_argv(data_root, out, *extra, seq=seq, nvidia=nvidia)
 
 
 def ds_config(tmp_path, **extra):
@@ -96,10 +66,8 @@ def train_in_process(data_root, out, ds, *extra, cf=TINY_CFG, nvidia=True):
     unless `cf` is given."""
     import deepspeed_train
 
-    return deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds), "--output_dir", str(out),
-                                 "--data_path_prefix", str(data_root), "--max_seq_length", "128",
-                                 "--max_predictions_per_seq", "20", *(["--use_nvidia_dataset"] if nvidia else []),
-                                 "--print_steps", "1", "--log_level", "warning", *[str(x) for x in extra]])
+    return deepspeed_train.main(tiny_argv(data_root, out, "--print_steps", 1, "--log_level", "warning", *extra,
+                                          cf=cf, ds=ds, nvidia=nvidia))
 
 
 def train_losses(out, job="tiny_bert"):
@@ -112,7 +80,7 @@ def train_losses(out, job="tiny_bert"):
 
 def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):
     """A plain model of the tiny config with the weights of OUT/saved_models/JOB/TAG, loaded with
-    strict=True: it raises unless the checkpoint has SPEC 5's keys, whatever options trained it."""
+    strict=True: it raises unless the checkpoint has the original's keys, whatever options trained it."""
     import torch
 
     from turing.modeling import BertConfig, BertForPreTrainingPreLN

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import deepspeed_train
-from tests.launch import TINY_CFG, TINY_DS, expect_input_error
-from tests.synthetic import make_data_root
+from tests.launch import TINY_CFG, TINY_DS, expect_input_error, tiny_argv
+from testkit.synthetic import make_data_root
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,7 @@ def run_expect_error(capsys, argv):
 
 
 def argv(data_root, out, cf=TINY_CFG, ds=TINY_DS, *extra, nvidia=True):
-    args = ["--cf", cf, "--deepspeed", "--deepspeed_config", ds, "--output_dir", out, "--data_path_prefix", data_root,
-            "--max_seq_length", 128, "--max_predictions_per_seq", 20, "--log_level", "warning", *extra]
-    return args + (["--use_nvidia_dataset"] if nvidia else [])
+    return tiny_argv(data_root, out, "--log_level", "warning", *extra, cf=cf, ds=ds, nvidia=nvidia)
 
 
 def tiny_config():

@@ -410,7 +410,7 @@ def test_launcher_two_ranks_with_the_bing_provider_and_async_worker(tmp_path):
     """deepspeed_train.py without --use_nvidia_dataset: both ranks finish epoch 1 together, and
     --max_steps ends epoch 2 midway while the worker still holds prefetched batches."""
     from tests.launch import launch, progress, tiny_args
-    from tests.synthetic import make_data_root
+    from testkit.synthetic import make_data_root
 
     # 2 shard folders per dataset x 64 samples; 2 ranks x micro 16: 2 + 2 micro batches per epoch.
     root = make_data_root(str(tmp_path / "data"), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)

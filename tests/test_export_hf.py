@@ -15,11 +15,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
-from tests.synthetic import SPECIALS, make_data_root  # noqa: E402
+from testkit.synthetic import SPECIALS, make_data_root  # noqa: E402
 from tools import export_hf  # noqa: E402
-from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, CheckpointNotFoundError,  # noqa: E402
-                               ConversionError, hf_to_ours, is_hf_folder, load_checkpoint_state,
-                               load_hf_folder, ours_to_hf)
+from turing.checkpoint import load_checkpoint_state  # noqa: E402
+from turing.errors import CheckpointNotFoundError, ConversionError  # noqa: E402
+from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, hf_to_ours, is_hf_folder, load_hf_folder,  # noqa: E402
+                               ours_to_hf)
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
 
@@ -186,7 +187,7 @@ def test_round_trip_restores_our_weights(exported, ours):
 
 def test_transformer_kernel_layout_bf16_checkpoint_exports_with_cf(ours, tiny_run, tmp_path):
     """A checkpoint in the DeepSpeed transformer-kernel layout, bf16, keys under 'module.',
-    without the saved job config: loaded as fp32 SPEC 5 weights and exported with --cf."""
+    without the saved job config: loaded as fp32 weights with the original's keys and exported with --cf."""
     _, state, config = ours
     kernel = {}
     for key, value in state.items():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import deepspeed_train
-from tests import reference_model
+from testkit import reference_model
 from tests.launch import TINY_CFG, ds_config, train_in_process, train_losses, expect_input_error
-from tests.synthetic import SPECIALS
+from testkit.synthetic import SPECIALS
 from tools import prepare_data
 from turing.modeling import BertConfig, BertForPreTrainingPreLN
 

@@ -13,8 +13,8 @@ import pytest
 
 import deepspeed_train
 from nvidia_bert_dataset_provider import read_hdf5_shard
-from tests.launch import TINY_CFG, TINY_DS, expect_input_error
-from tests.synthetic import make_data_root, make_instances, write_bing_shard, write_nvidia_shard, write_vocab
+from tests.launch import TINY_CFG, TINY_DS, expect_input_error, tiny_argv
+from testkit.synthetic import make_data_root, make_instances, write_bing_shard, write_nvidia_shard, write_vocab
 from turing.dataset import BingShard, ShardFormatError
 
 
@@ -31,9 +31,7 @@ def run_expect_error(capsys, argv):
 
 
 def argv(root, out, *extra, cf=TINY_CFG, nvidia=True):
-    args = ["--cf", cf, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", out, "--data_path_prefix", root,
-            "--max_seq_length", 128, "--max_predictions_per_seq", 20, "--log_level", "warning", *extra]
-    return args + (["--use_nvidia_dataset"] if nvidia else [])
+    return tiny_argv(root, out, "--log_level", "warning", *extra, cf=cf, nvidia=nvidia)
 
 
 def job_config(tmp_path, edit):

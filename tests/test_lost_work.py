@@ -75,7 +75,7 @@ def three_steps(data_root, tmp_path_factory):
     written, and the validation passes made."""
     out = tmp_path_factory.mktemp("three_steps")
     synced, unsynced, validations = set(), {}, []
-    real_fsync, real_write, real_validation = os.fsync, deepspeed_train._write_atomic, \
+    real_fsync, real_write, real_validation = os.fsync, deepspeed_train.write_atomic, \
         deepspeed_train.pretrain_validation
 
     def fsync(fd):
@@ -96,7 +96,7 @@ def three_steps(data_root, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "fsync", fsync)
-        mp.setattr(deepspeed_train, "_write_atomic", write_atomic)
+        mp.setattr(deepspeed_train, "write_atomic", write_atomic)
         mp.setattr(deepspeed_train, "pretrain_validation", validation)
         train_in_process(data_root, out, TINY_DS, "--max_steps", 3, "--checkpoint_every_steps", 2,
                          "--validation_data_path_prefix", data_root / "nvidia" / "128")
@@ -273,7 +273,7 @@ def test_auto_resume_refuses_checkpoints_without_markers_that_do_not_load(damage
             truncate(model_file)
         else:                                  # DeepSpeed's save_checkpoint without our client state
             state = torch.load(model_file, weights_only=False)
-            for key in deepspeed_train.CLIENT_STATE_KEYS:
+            for key in deepspeed_train.RunState.CLIENT_KEYS.values():
                 del state[key]
             torch.save(state, model_file)
     before = folder_snapshot(out)

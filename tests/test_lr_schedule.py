@@ -1,4 +1,4 @@
-"""LR schedules of SPEC 8 at chosen steps, with offset and rewarmup."""
+"""The original's LR schedules at chosen steps, with offset and rewarmup."""
 import argparse
 import math
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from deepspeed_train import lr_factor, update_learning_rate
+from tests.launch import ds_config, expect_input_error, train_in_process
 
 TRAINING = {"learning_rate": 1e-3, "warmup_proportion": 0.1, "total_training_steps": 1000,
             "decay_rate": 0.9, "decay_step": 100}
@@ -91,3 +92,9 @@ def test_cooldown_over_the_whole_run_starts_at_the_warmup_end():
     training = dict(WSD, cooldown_proportion=1.0)
     assert lr_factor("WSD", 100, training) == pytest.approx(1.0)
     assert lr_factor("WSD", 550, training) == pytest.approx(0.5)
+
+
+def test_an_unknown_schedule_is_one_error_line(data_root, tmp_path, capsys):
+    line = expect_input_error(capsys, train_in_process, data_root, tmp_path / "out", ds_config(tmp_path),
+                              "--lr_schedule", "cosine")
+    assert "unknown --lr_schedule 'cosine' (the schedules are those of deepspeed_train.lr_factor" in line

@@ -1,4 +1,4 @@
-"""Model options of SPEC 5: block-sparse self-attention inside the model, the DeepSpeed
+"""Model options: block-sparse self-attention inside the model, the DeepSpeed
 transformer kernel (flag checks, its wiring through a stand-in layer, the weight layout
 conversion both ways), and a sparse-attention training run through the real entry point.
 
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.launch import ds_config, plain_model_from_checkpoint, train_in_process, train_losses
-from turing.hf_convert import ConversionError, from_transformer_kernel_layout, to_transformer_kernel_layout
+from turing.errors import ConversionError
+from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.modeling import LAYER_NORM_EPS, BertConfig, BertForPreTrainingPreLN, check_model_flags
 
 VOCAB = 96
@@ -83,7 +84,7 @@ def test_fixed_sparsity_keeps_the_keys_changes_attention_and_trains(plain):
     torch.manual_seed(1)
     model = BertForPreTrainingPreLN(tiny_config(), sparse_args(
         {"mode": "fixed", "block": 16, "num_local_blocks": 2, "num_global_blocks": 1}))
-    assert list(model.state_dict()) == list(plain.state_dict())     # SPEC 5 keys, nothing added
+    assert list(model.state_dict()) == list(plain.state_dict())     # the original's keys, nothing added
     model.load_state_dict(plain.state_dict(), strict=True)
     model.eval()
     batch = make_batch()
@@ -248,13 +249,13 @@ def test_kernel_model_is_built_from_the_configs_and_loads_either_layout(plain, s
     assert c.pre_layer_norm and c.fp16 and c.seed == 7 and c.local_rank == 0 and c.layer_norm_eps == LAYER_NORM_EPS
     assert (c.gelu_checkpoint, c.attn_dropout_checkpoint, c.normalize_invertible, c.stochastic_mode) == (
         True, True, False, False)
-    # SPEC 5 init, also for the kernel's parameters (the stand-in starts them as NaN)
+    # the model's init, also for the kernel's parameters (the stand-in starts them as NaN)
     layer = model.bert.encoder.layer[1]
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert (layer.norm_w == 1).all() and (layer.attn_nb == 0).all() and (layer.attn_qkvb == 0).all()
     assert layer.attn_ow.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.2)
 
-    # The kernel's keys; SPEC 5 weights load into it and give the plain model's loss ...
+    # The kernel's keys; plain-layout weights load into it and give the plain model's loss ...
     assert set(model.state_dict()) == set(to_transformer_kernel_layout(plain.state_dict()))
     model.load_state_dict(plain.state_dict(), strict=True)
     model.eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests import reference_model
+from testkit import reference_model
 from turing.batch import Batch, BatchType
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN, _LinearCrossEntropy, dropout
 from turing.models import BertMultiTask, CheckpointError
@@ -51,7 +51,7 @@ def make_batch(seed=0, with_masks=True):
 
 
 def spec_keys(num_layers):
-    """SPEC section 5's key list, written out."""
+    """The original model's key list, written out."""
     keys = [f"bert.embeddings.{n}_embeddings.weight" for n in ("word", "position", "token_type")]
     keys += ["bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias",
              "bert.encoder.FinalLayerNorm.weight", "bert.encoder.FinalLayerNorm.bias"]

@@ -9,7 +9,7 @@ import torch
 
 from nvidia_bert_dataset_provider import (NvidiaBertDatasetProvider, PretrainingHdf5Dataset,
                                           list_training_files, read_hdf5_shard, shard_file_index)
-from tests.synthetic import make_instances, write_nvidia_shard, write_vocab
+from testkit.synthetic import make_instances, write_nvidia_shard, write_vocab
 
 
 def _shard_with(path, positions, ids, seq=8):

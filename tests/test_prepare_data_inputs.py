@@ -14,7 +14,7 @@ import pytest
 from tests.test_prepare_data import make_corpus, make_vocab
 from tools import prepare_data
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "prepare_data.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +117,10 @@ def big_corpus(tmp_path_factory):
 def start_with_workers(vocab, corpus_folder, out):
     """prepare_data --workers 2 in a subprocess; returns (process, its worker processes) once
     the workers run."""
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--input", str(corpus_folder), "--output_dir", str(out),
-                             "--vocab_file", str(vocab), "--max_seq_length", "64", "--workers", "2",
-                             "--chunk_size_mb", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", "--input", str(corpus_folder),
+                             "--output_dir", str(out), "--vocab_file", str(vocab), "--max_seq_length", "64",
+                             "--workers", "2", "--chunk_size_mb", "0.01"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
         workers = psutil.Process(proc.pid).children()

@@ -6,19 +6,15 @@ import pytest
 import torch
 
 import deepspeed_train
-from tests.launch import TINY_CFG, TINY_DS
+from tests.launch import tiny_argv
 from turing.modeling import BertForPreTrainingPreLN
 from turing.tb_events import read_run
 
 
 def train(data_root, out, provider, *extra):
     """Run the real entry point in-process; returns the run's per-step training losses."""
-    argv = ["--cf", TINY_CFG, "--deepspeed", "--deepspeed_config", TINY_DS, "--output_dir", str(out),
-            "--data_path_prefix", str(data_root), "--max_seq_length", "128", "--max_predictions_per_seq", "20",
-            "--print_steps", "1", "--log_level", "warning", *[str(x) for x in extra]]
-    if provider == "nvidia":
-        argv.append("--use_nvidia_dataset")
-    deepspeed_train.main(argv)
+    deepspeed_train.main(tiny_argv(data_root, out, "--print_steps", 1, "--log_level", "warning", *extra,
+                                   nvidia=provider == "nvidia"))
     return losses(out)
 
 

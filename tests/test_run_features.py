@@ -165,7 +165,7 @@ def test_unpad_trains_like_the_padded_model(data_root, tmp_path, plain_losses):
     assert len(losses) == 8 and losses != plain_losses                  # other dropout draws ...
     assert losses == pytest.approx(plain_losses, abs=0.03)               # ... same model and data
     assert losses[-1] < losses[0]
-    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: SPEC 5 keys
+    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: the original's keys
 
 
 def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_path, plain_losses):
@@ -181,7 +181,7 @@ def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_
     assert compiled_graphs > 0                                            # it really compiled
     losses = train_losses(tmp_path / "out")
     assert losses == pytest.approx(plain_losses, abs=0.03)               # inductor draws its own dropout
-    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: SPEC 5 keys
+    plain_model_from_checkpoint(tmp_path / "out")                      # strict load: the original's keys
 
 
 def test_compile_that_cannot_be_set_up_trains_eagerly_with_a_warning(data_root, tmp_path, plain_losses,

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tests.launch import launch, progress, start, tiny_args, wait_for_step
-from tests.synthetic import make_data_root
+from testkit.synthetic import make_data_root
 from turing.tb_events import read_run
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import deepspeed_train
 from tests.launch import REPO, TINY_CFG, TINY_DS
-from tests.synthetic import make_data_root
+from testkit.synthetic import make_data_root
 from turing.tb_events import read_run
 
 SCRIPTS = os.path.join(REPO, "scripts")

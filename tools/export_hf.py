@@ -1,6 +1,6 @@
 """Export one of our DeepSpeed checkpoints as a Hugging Face model folder.
 
-    python tools/export_hf.py --checkpoint_dir OUT/saved_models/JOB [--tag epoch2_step60] \
+    python -m tools.export_hf --checkpoint_dir OUT/saved_models/JOB [--tag epoch2_step60] \
         --output_dir hf_model [--cf bert_config.json]
 
 The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormForMaskedLM`
@@ -28,17 +28,13 @@ import shutil
 import sys
 import tempfile
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/export_hf.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError,  # noqa: E402
-                               load_checkpoint_state, ours_to_hf, resolve_checkpoint_tag_dir)
-from turing.jsonfile import read_json  # noqa: E402
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded  # noqa: E402
+from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
+from turing.hf_convert import HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError, ours_to_hf
+from turing.jsonfile import read_json
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded
 
 logger = logging.getLogger(__name__)
 
@@ -218,13 +214,13 @@ def check_output_dir(output_dir, overwrite):
 def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False):
     """Write the Hugging Face folder; returns a dict summarising what was written."""
     try:
-        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM
+        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM  # optional, slow to import
     except ImportError as e:
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
     present = check_output_dir(output_dir, overwrite)
 
-    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
-    state_dict, job_config, run_args = load_checkpoint_state(checkpoint_dir, tag)
+    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag, folder_flag="--checkpoint_dir", tag_flag="--tag")
+    state_dict, job_config, run_args = load_checkpoint_state(tag_dir)
     cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
     if job_config is not None:
         source = os.path.join(tag_dir, "job_config.json")

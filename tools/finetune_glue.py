@@ -1,6 +1,6 @@
 """Fine-tune a pretrained checkpoint on GLUE (or the offline probe suite) and report dev scores.
 
-    python tools/finetune_glue.py --model PATH --task TASK --data_dir DIR --output_dir OUT \
+    python -m tools.finetune_glue --model PATH --task TASK --data_dir DIR --output_dir OUT \
         [--seeds N] [--epochs E] [--lr LR] [--batch_size B] [--max_seq_length L] [--vocab_file V] [--bf16]
 
 PATH is one of:
@@ -42,30 +42,27 @@ import json
 import logging
 import math
 import os
-import random
 import sys
 import time
 from types import SimpleNamespace
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/finetune_glue.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import torch
+from tensorboardX import SummaryWriter
+from torch.utils.data import DataLoader
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tensorboardX import SummaryWriter  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights  # noqa: E402
-from tools.export_hf import ExportError, find_vocab_file  # noqa: E402
-from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,  # noqa: E402
+from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
+from tools.export_hf import ExportError, find_vocab_file
+from turing.checkpoint import resolve_checkpoint_tag_dir
+from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,
                          encode, find_task, label_string, majority_baseline, read_examples,
                          results_table, task_score, tasks_in)
-from turing.hf_convert import is_hf_folder, load_hf_folder, resolve_checkpoint_tag_dir  # noqa: E402
-from turing.jsonfile import read_json  # noqa: E402
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN  # noqa: E402
-from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded  # noqa: E402
+from turing.hf_convert import is_hf_folder, load_hf_folder
+from turing.jsonfile import read_json
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
+from utils import set_seeds
 
 logger = logging.getLogger("finetune_glue")
 
@@ -213,12 +210,6 @@ def _loader(items, batch_size, pad_id, regression, shuffle=False, seed=0):
 
 # ---------------------------------------------------------------------------------------------
 # Training and evaluation
-
-
-def set_seeds(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def make_optimizer(model, lr, total_steps):

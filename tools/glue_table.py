@@ -1,6 +1,6 @@
 """Print the scores of several tools/finetune_glue.py runs side by side.
 
-    python tools/glue_table.py pretrained=OUT_A "random init"=OUT_B [OUT_C ...]
+    python -m tools.glue_table pretrained=OUT_A "random init"=OUT_B [OUT_C ...]
 
 Each argument is NAME=PATH or PATH (the column is then named after the folder); PATH is an
 output folder of tools/finetune_glue.py or its results.json. One row per task plus the
@@ -11,11 +11,7 @@ import argparse
 import os
 import sys
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/glue_table.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from turing.glue import GlueError, load_results, results_table  # noqa: E402
+from turing.glue import GlueError, load_results, results_table
 
 
 def main(argv=None):

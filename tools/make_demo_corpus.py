@@ -8,7 +8,7 @@ Code examples, grammar rules and underlines are dropped. Nothing is downloaded; 
 output is the same on every run of the same Python version (modules that fail to import
 on a platform are skipped).
 
-    python tools/make_demo_corpus.py --output data/corpus.txt
+    python -m tools.make_demo_corpus --output data/corpus.txt
 """
 import argparse
 import importlib
@@ -18,6 +18,8 @@ import os
 import re
 import sys
 import warnings
+
+from pydoc_data.topics import topics
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +151,6 @@ def _own_docstrings(module):
 
 def iter_demo_documents(modules=DEMO_MODULES):
     """Yield each demo document as a list of sentences (documents with at least 2)."""
-    from pydoc_data.topics import topics
-
     seen = set()
     for key in sorted(topics):
         sentences = text_to_sentences(topics[key])

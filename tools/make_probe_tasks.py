@@ -1,6 +1,6 @@
 """An offline probe suite in the GLUE layout, made from any plain-text corpus.
 
-    python tools/make_probe_tasks.py --input CORPUS --output_dir DIR [--seed 0] \
+    python -m tools.make_probe_tasks --input CORPUS --output_dir DIR [--seed 0] \
         [--train_size 2000] [--dev_size 500] [--dev_fraction 0.2]
 
 CORPUS: one sentence per line, a blank line between documents (the format of
@@ -29,12 +29,8 @@ import os
 import random
 import sys
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/make_probe_tasks.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tools.prepare_data import DocumentReader, list_input_files  # noqa: E402
-from turing.glue import PROBE_LABELS, TASKS  # noqa: E402
+from tools.prepare_data import DocumentReader, list_input_files
+from turing.glue import PROBE_LABELS, TASKS
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Plot the TensorBoard scalars of one or more training runs into one PNG.
 
-    python tools/plot_run.py OUT/runs/JOB [OUT2/runs/JOB2 ...] --output loss.png [--smooth 0.9]
+    python -m tools.plot_run OUT/runs/JOB [OUT2/runs/JOB2 ...] --output loss.png [--smooth 0.9]
 
 Panels (a panel with no data in any run is left out):
 - training loss against samples seen, raw (faint) and smoothed (EMA)  `Train/Samples/train_loss`
@@ -24,11 +24,7 @@ import math
 import os
 import sys
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/plot_run.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from turing.tb_events import read_run  # noqa: E402
+from turing.tb_events import read_run
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +98,7 @@ def plot_runs(run_dirs, output, smooth=0.9):
     """Draw the figure into `output` (PNG); returns {panel title: [line labels drawn]}."""
     if not 0.0 <= smooth < 1.0:
         raise PlotError(f"--smooth must be in [0, 1), got {smooth}")
-    import matplotlib
+    import matplotlib  # optional: only for drawing (the events are read without it)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

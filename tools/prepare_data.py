@@ -1,8 +1,8 @@
-"""Raw text to pretraining shards: NVIDIA hdf5 (SPEC 6a) or Bing numpy (SPEC 6b).
+"""Raw text to pretraining shards: NVIDIA hdf5 or Bing numpy (docs/DESIGN.md, Data formats).
 
 Owns the data preparation pipeline, importable (`prepare(args)`) and a command line:
 
-    python tools/prepare_data.py --input corpus.txt --output_dir OUT --format nvidia \
+    python -m tools.prepare_data --input corpus.txt --output_dir OUT --format nvidia \
         --build_vocab 8000 --max_seq_length 128 --num_shards 2 --validation_fraction 0.05
 
 Input: text files (or folders of .txt files), one sentence per line, a blank line between
@@ -40,7 +40,7 @@ hash order, so two trainings on the same text may differ in a few dozen of 8,000
 for bit-identical data, build the vocab once and pass it with --vocab_file.
 
 Bing shards hold unmasked token strings of segments A and B (the reader adds [CLS]/[SEP] and
-masks at load time); is_next.npy is 1 when B is a random sentence (SPEC 6b's meaning, the same
+masks at load time); is_next.npy is 1 when B is a random sentence (the Bing format's meaning, the same
 as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse
@@ -68,16 +68,13 @@ from dataclasses import dataclass, field, replace
 import h5py
 import numpy as np
 import numpy.random  # noqa: F401  (numpy loads it lazily: load it once here, not in every worker)
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tqdm import tqdm
 
-if __package__ in (None, ""):
-    # Run as a script (python tools/prepare_data.py): make the repository importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from turing.tokenization import build_fast_tokenizer, load_vocab, special_token_ids, vocab_size  # noqa: E402
+from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, load_vocab, special_token_ids, vocab_size
 
 logger = logging.getLogger(__name__)
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SEPARATOR = 0x1F                      # Bing separator layout: byte between tokens of an instance
 TRAIN, VALIDATION = "train", "validation"
 SHARD_NAME = re.compile(r"^shard_\d+$|_(training|test)_shard\d+\.hdf5$")
@@ -332,14 +329,12 @@ def train_vocab(files, vocab_size, do_lower_case, path):
 
     Special tokens come first ([PAD] = 0, [UNK] = 1, [CLS] = 2, [SEP] = 3, [MASK] = 4).
     """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     # BERT's normalisation: clean text, split CJK, lower-case and strip accents when asked.
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
                                         continuing_subword_prefix="##", show_progress=False)
     try:
         tokenizer.train(files, trainer)
@@ -1291,8 +1286,6 @@ def _ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
     With a pool, at most 2 chunks per worker are in flight, so memory stays bounded.
     `check_stop()` runs before each chunk and while waiting for a worker (it raises to stop).
     """
-    from tqdm import tqdm
-
     in_flight = collections.deque()
     sequences = 0
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,

@@ -12,8 +12,8 @@ import torch
 
 
 class BatchType(IntEnum):
-    RANKING_BATCH = 0
-    QP_BATCH = 1
+    """The original's batch kinds; pretraining is the only one this program makes (value 2, as
+    the original numbered it)."""
     PRETRAIN_BATCH = 2
 
 
@@ -24,9 +24,6 @@ class Batch(NamedTuple):
     segment_ids: torch.Tensor
     next_sentence_labels: torch.Tensor
     masked_lm_labels: torch.Tensor
-
-    def to(self, device, non_blocking=False):
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
 def collate_batch(items):

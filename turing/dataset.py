@@ -1,4 +1,4 @@
-"""Bing numpy pretraining shards (SPEC 6b, 6c): reading, token ids, dynamic masking.
+"""Bing numpy pretraining shards: reading, token ids, dynamic masking.
 
 Owns: opening and checking a shard folder (both layouts, memory-mapped, never pickled),
 turning its token strings into vocab ids once per shard (vectorised), the per-epoch sample
@@ -484,7 +484,11 @@ class BingPretrainDataset(Dataset):
         )
 
     def _mask(self, idx, input_ids, words, used):
-        """Dynamic masking of SPEC 6b on a whole batch; returns (masked ids, labels with -1 = none)."""
+        """Dynamic masking of a whole batch: in each row, round(masked_lm_prob x tokens used) of
+        its word positions (at least 1, at most max_predictions_per_seq; never [CLS], [SEP] or
+        padding), chosen uniformly, are predicted; of those a mask_split[0] share becomes [MASK],
+        a mask_split[1] share a random vocab id, the rest keeps its token (the original's 15%,
+        80/10/10 by default). Returns (masked ids, labels with -1 = none)."""
         length = input_ids.shape[1]
         n_words = words.sum(axis=1)
         n_pred = np.minimum(self.max_predictions_per_seq, np.maximum(1, np.rint(used * self.masked_lm_prob)))
@@ -515,7 +519,7 @@ def open_tokenized_shard(folder, vocab, vocab_index=None):
 
 
 def open_validation_dataset(path, vocab, args):
-    """The validation set of SPEC 6c in the Bing layout, as a map-style Dataset.
+    """The validation set in the Bing layout, as a map-style Dataset.
 
     `path` is a shard folder or a folder of shard folders (all used, in sorted order). Uses
     args.seed, args.max_seq_length and args.max_predictions_per_seq; the masking is fixed by

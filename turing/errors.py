@@ -19,3 +19,11 @@ class InputValueError(InputError, ValueError):
 
 class InputFileNotFoundError(InputError, FileNotFoundError):
     """A file or folder the user named does not exist."""
+
+
+class ConversionError(InputValueError):
+    """Weights or a config that cannot be mapped or read; the message names the key or file."""
+
+
+class CheckpointNotFoundError(InputFileNotFoundError):
+    """A checkpoint folder, tag or file that does not exist; the message names the path."""

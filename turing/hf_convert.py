@@ -5,10 +5,8 @@ Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrai
   `RobertaPreLayerNormForMaskedLM`, its `config.json` dict);
 - `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse, and
   `load_hf_folder(folder)` doing it for an exported folder (`is_hf_folder` recognises one);
-- `to_transformer_kernel_layout` / `from_transformer_kernel_layout` rename layer weights
-  between SPEC 5's names and DeepSpeed's fused transformer layer's (both ways);
-- `load_checkpoint_state(checkpoint_dir, tag)` reads a DeepSpeed checkpoint of ours (plain or
-  DeepSpeed transformer-kernel layout) into an fp32 state dict with the SPEC 5 key names.
+(the transformer kernel's layer layout is `turing.kernel_layout`'s, reading checkpoint folders
+`turing.checkpoint`'s).
 
 Why RoBERTa-PreLayerNorm: it is the `transformers` architecture with exactly our block,
 `x + Attn(LN(x))` then `h + FFN(LN(h))`, a final LayerNorm after the last layer, learned
@@ -37,7 +35,7 @@ import re
 
 import torch
 
-from turing.errors import InputFileNotFoundError, InputValueError
+from turing.errors import CheckpointNotFoundError, ConversionError
 from turing.jsonfile import read_json
 from turing.modeling import LAYER_NORM_EPS, BertConfig
 from turing.tokenization import vocab_size_padded
@@ -51,34 +49,6 @@ HF_BASE = "roberta_prelayernorm."
 HF_MISSING_KEYS = ("bert.pooler.dense_act.weight", "bert.pooler.dense_act.bias",
                    "cls.seq_relationship.weight", "cls.seq_relationship.bias")
 PADDED_ROW_BIAS = -10000.0  # MLM bias of re-created vocab padding rows: no probability mass
-MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
-
-# DeepSpeedTransformerLayer parameter -> our per-layer name (pre_layer_norm=True). The kernel
-# applies norm_w/norm_b to the layer input (before attention) and attn_nw/attn_nb to the
-# residual after attention (ds_transformer_cuda.cpp, Forward), so they are our Pre- and
-# PostAttentionLayerNorm respectively. attn_qkvw/attn_qkvb are [query; key; value] on dim 0.
-_KERNEL_NAMES = {
-    "attn_ow": "attention.output.dense.weight", "attn_ob": "attention.output.dense.bias",
-    "norm_w": "PreAttentionLayerNorm.weight", "norm_b": "PreAttentionLayerNorm.bias",
-    "attn_nw": "PostAttentionLayerNorm.weight", "attn_nb": "PostAttentionLayerNorm.bias",
-    "inter_w": "intermediate.dense_act.weight", "inter_b": "intermediate.dense_act.bias",
-    "output_w": "output.dense.weight", "output_b": "output.dense.bias",
-}
-_KERNEL_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attn_qkv[wb]|"
-                         + "|".join(_KERNEL_NAMES) + r")$")
-_SPEC_TO_KERNEL = {ours: kernel for kernel, ours in _KERNEL_NAMES.items()}
-_QKV_PARTS = ("query", "key", "value")
-_SPEC_LAYER_KEY = re.compile(r"^(?P<prefix>.*\.layer\.\d+\.)(?P<name>attention\.self\.(?:query|key|value)\."
-                             r"(?:weight|bias)|" + "|".join(re.escape(n) for n in _KERNEL_NAMES.values()) + r")$")
-
-
-class ConversionError(InputValueError):
-    """Weights or a config that cannot be mapped; the message names the key or file."""
-
-
-class CheckpointNotFoundError(InputFileNotFoundError):
-    """A checkpoint folder, tag or file that does not exist; the message names the path."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Key mapping
@@ -139,7 +109,7 @@ def _check_keys(have, expected, optional, what):
 def ours_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, bos_token_id=None, eos_token_id=None):
     """Map our BertForPreTrainingPreLN weights onto RobertaPreLayerNormForMaskedLM.
 
-    state_dict: SPEC 5 keys (the pooler and NSP head may be present; they are dropped).
+    state_dict: the original's keys (the pooler and NSP head may be present; they are dropped).
     config: our BertConfig (vocab_size = padded embedding rows).
     vocab_size_real: the vocab file's size; rows from there on are padding and are dropped.
     pad_token_id: id of [PAD], the RoBERTa padding index that shifts the position table.
@@ -232,7 +202,7 @@ def hf_to_ours(hf_state_dict, hf_config):
     """Map RobertaPreLayerNormForMaskedLM weights (as exported by `ours_to_hf`) back to ours.
 
     hf_config: the config.json dict, its path (or folder), or a PretrainedConfig.
-    Returns (state_dict, BertConfig): SPEC 5 keys without `HF_MISSING_KEYS` (pooler and NSP
+    Returns (state_dict, BertConfig): the original's keys without `HF_MISSING_KEYS` (pooler and NSP
     head, left to the model's initialisation); the vocab padded to a multiple of 8 with zero
     embedding rows and MLM bias PADDED_ROW_BIAS; the position table shifted back. Tensors keep
     their dtype.
@@ -327,7 +297,7 @@ def load_hf_folder(folder):
         raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
                                       "expected a folder written by tools/export_hf.py")
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # optional: only for reading Hugging Face folders
     except ImportError as e:
         raise ConversionError(f"{folder}: reading safetensors needs the 'safetensors' package ({e})") from None
     hf_state = {}
@@ -337,177 +307,3 @@ def load_hf_folder(folder):
         return hf_to_ours(hf_state, folder)
     except ConversionError as e:
         raise ConversionError(f"{folder}: {e}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# DeepSpeed checkpoints
-
-
-def from_transformer_kernel_layout(state_dict):
-    """Rename DeepSpeedTransformerLayer parameters (attn_qkvw, ..., norm_b) to SPEC 5 names.
-
-    Keys without kernel names pass through; a state dict in the plain layout is returned as is.
-    """
-    out = {}
-    for key, value in state_dict.items():
-        m = _KERNEL_KEY.match(key)
-        if m is None:
-            out[key] = value
-            continue
-        prefix, name = m.group("prefix"), m.group("name")
-        if name in ("attn_qkvw", "attn_qkvb"):
-            if value.shape[0] % 3:
-                raise ConversionError(f"{key}: first dimension {value.shape[0]} is not 3 x hidden_size")
-            p = "weight" if name == "attn_qkvw" else "bias"
-            for part, tensor in zip(("query", "key", "value"), value.chunk(3, dim=0)):
-                out[f"{prefix}attention.self.{part}.{p}"] = tensor.clone()
-        else:
-            out[prefix + _KERNEL_NAMES[name]] = value
-    return out
-
-
-def to_transformer_kernel_layout(state_dict):
-    """Rename SPEC 5 layer parameters to DeepSpeedTransformerLayer's (the reverse of
-    `from_transformer_kernel_layout`): query/key/value weights (and biases) become attn_qkvw
-    (attn_qkvb), concatenated [query; key; value] on dim 0; the rest map one to one.
-
-    Keys outside the layers pass through; a state dict already in the kernel layout is
-    returned as is. A layer with only some of query/key/value raises ConversionError.
-    """
-    out = {}
-    parts = {}  # attn_qkv key -> {"query": tensor, ...}
-    for key, value in state_dict.items():
-        m = _SPEC_LAYER_KEY.match(key)
-        if m is None:
-            out[key] = value
-            continue
-        prefix, name = m.group("prefix"), m.group("name")
-        if name.startswith("attention.self."):
-            part, kind = name.split(".")[2:]
-            fused = f"{prefix}attn_qkv{kind[0]}"
-            out.setdefault(fused, None)  # placeholder, so the fused tensor keeps query's place
-            parts.setdefault(fused, {})[part] = value
-        else:
-            out[prefix + _SPEC_TO_KERNEL[name]] = value
-    for fused, tensors in parts.items():
-        missing = [p for p in _QKV_PARTS if p not in tensors]
-        if missing:
-            prefix, kind = fused[:-len("attn_qkvw")], "weight" if fused.endswith("w") else "bias"
-            raise ConversionError(f"{prefix}attention.self.{missing[0]}.{kind}: missing; the kernel's "
-                                  f"{fused.rsplit('.', 1)[-1]} needs query, key and value")
-        shapes = {tuple(tensors[p].shape) for p in _QKV_PARTS}
-        if len(shapes) != 1:
-            raise ConversionError(f"{fused}: query, key and value shapes differ ({sorted(shapes)})")
-        out[fused] = torch.cat([tensors[p] for p in _QKV_PARTS], dim=0)
-    return out
-
-
-def _tags(folder):
-    return sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
-
-
-def _read_json_if_present(path):
-    return read_json(path, "file", ConversionError) if os.path.isfile(path) else None
-
-
-def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None):
-    """The folder of one checkpoint: checkpoint_dir/tag, checkpoint_dir/<latest>, or
-    checkpoint_dir itself when it already is a tag folder (holds the model states file)."""
-    checkpoint_dir = os.fspath(checkpoint_dir)
-    if not os.path.isdir(checkpoint_dir):
-        raise CheckpointNotFoundError(f"{checkpoint_dir}: checkpoint folder not found")
-    if tag is None:
-        if os.path.isfile(os.path.join(checkpoint_dir, MODEL_STATES_FILE)):
-            return checkpoint_dir
-        latest = os.path.join(checkpoint_dir, "latest")
-        if not os.path.isfile(latest):
-            raise CheckpointNotFoundError(
-                f"{latest}: no 'latest' file naming the newest checkpoint; pass a tag "
-                f"(tags there: {', '.join(_tags(checkpoint_dir)) or 'none'})")
-        with open(latest, encoding="utf-8") as f:
-            tag = f.read().strip()
-        if not tag:
-            raise ConversionError(f"{latest}: empty, expected the newest checkpoint's tag")
-    folder = os.path.join(checkpoint_dir, str(tag))
-    if not os.path.isdir(folder):
-        raise CheckpointNotFoundError(f"{folder}: checkpoint tag '{tag}' not found "
-                                      f"(tags there: {', '.join(_tags(checkpoint_dir)) or 'none'})")
-    return folder
-
-
-def numpy_array_globals():
-    """What unpickling a numpy array needs (older checkpoints' client states hold numpy RNG
-    states); allowed in weights-only loads."""
-    import numpy as np
-
-    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
-    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype] + [
-        getattr(np.dtypes, name) for name in ("UInt32DType", "Float64DType", "Int64DType")
-        if hasattr(getattr(np, "dtypes", None), name)]
-
-
-def load_error_detail(path, error):
-    """Why torch could not load `path`, in a few words: an empty file says so; else the first
-    line of the error's message, or its type where it has none (torch gives EOFError())."""
-    if os.path.isfile(path) and os.path.getsize(path) == 0:
-        return "empty file, 0 bytes: written incompletely?"
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
-
-
-def _torch_load(path, unpickle_fallback=True):
-    if os.path.getsize(path) == 0:
-        raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, None)})")
-    try:
-        with torch.serialization.safe_globals(numpy_array_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as first:  # noqa: BLE001 - torch raises several types here
-        if not unpickle_fallback:
-            raise ConversionError(f"{path}: does not load with torch.load(weights_only=True) "
-                                  f"({str(first).splitlines()[0][:200]}); it is not unpickled here, as that "
-                                  f"could run code from the file") from None
-        # DeepSpeed model-state files can hold Python objects beyond tensors, plain containers
-        # and numpy arrays (depending on the DeepSpeed version and config: argparse
-        # Namespaces, enums), which the weights-only unpickler refuses; those need the full
-        # unpickler, which can run code from the file. Only load checkpoints you trust.
-        logger.warning("%s: not loadable weights-only (%s); loading with weights_only=False, "
-                       "which trusts the file", path, load_error_detail(path, first))
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
-
-
-def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
-    """Read the model weights of one of our DeepSpeed checkpoints.
-
-    checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
-    a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt.
-    The file is read with torch.load(weights_only=True); one that needs the full unpickler
-    (Python objects of other DeepSpeed versions) is then unpickled with a warning, or refused
-    with unpickle_fallback=False.
-    Returns (state_dict in fp32 with SPEC 5 keys, job_config dict or None, args dict or None);
-    the two dicts come from the job_config.json and args.json saved next to the checkpoint.
-    """
-    folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
-    path = os.path.join(folder, MODEL_STATES_FILE)
-    if not os.path.isfile(path):
-        raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
-                                      "checkpoint of one model-parallel rank)")
-    saved = _torch_load(path, unpickle_fallback)
-    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
-        raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
-    state = {}
-    for key, value in saved["module"].items():
-        if not torch.is_tensor(value):
-            continue
-        if value.numel() == 0:
-            raise ConversionError(f"{path}: {key} is empty; a ZeRO stage 3 checkpoint keeps the weights "
-                                  "partitioned: gather them first with DeepSpeed's zero_to_fp32.py")
-        key = key[len("module."):] if key.startswith("module.") else key
-        state[key] = value.float() if value.is_floating_point() else value
-    state = from_transformer_kernel_layout(state)
-    job_config = _read_json_if_present(os.path.join(folder, "job_config.json"))
-    args = _read_json_if_present(os.path.join(folder, "args.json"))
-    logger.info("Read %d tensors from %s", len(state), path)
-    return state, job_config, args

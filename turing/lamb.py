@@ -24,6 +24,7 @@ import logging
 import math
 
 import torch
+from deepspeed import accelerator
 
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.jsonfile import read_json
@@ -193,13 +194,11 @@ def build_lamb_if_needed(ds_config, model_parameters):
     config without its "optimizer" entry), to be passed on as
     `deepspeed.initialize(model=..., optimizer=optimizer, config=config)`.
     """
-    from deepspeed.accelerator import get_accelerator
-
     config = _read_ds_config(ds_config)
     opt = config.get("optimizer")
     if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "lamb":
         return None, config
-    device = get_accelerator().device_name()
+    device = accelerator.get_accelerator().device_name()
     if device == "cuda":
         return None, config
     kwargs = lamb_kwargs_from_ds(opt.get("params", {}))

@@ -1,11 +1,11 @@
-"""The pre-LayerNorm BERT pretraining model (SPEC section 5) and its configuration.
+"""The pre-LayerNorm BERT pretraining model and its configuration.
 
 Owns: `BertConfig` (the `bert_model_config` of the job config) and `BertForPreTrainingPreLN`
 (embeddings, pre-LN encoder with optional progressive layer drop and activation
 checkpointing, pooler, MLM and NSP heads, the pretraining loss), and the two model options
 that change how the encoder computes: block-sparse self-attention
 (`--deepspeed_sparse_attention`, `turing.sparse_attention`) and DeepSpeed's fused CUDA
-transformer layer (`--deepspeed_transformer_kernel`). `check_model_flags(args)` rejects
+transformer layer (`--deepspeed_transformer_kernel`), chosen by `ModelOptions`. `check_model_flags(args)` rejects
 option combinations this build cannot run. Knows nothing of training: no optimizer, no engine.
 
 The module tree, and therefore every `state_dict` key, is the original Bing BERT model's, so
@@ -25,7 +25,7 @@ less work:
 - on CPU, dropout draws one 32-bit random number per two elements (`dropout`), and attention
   under dropout is written out around it (SDPA's CPU math path would do the same work with
   more copies); CUDA keeps torch's dropout and SDPA kernels;
-- optionally (`args.unpad`) the embeddings and encoder run on the real tokens only
+- optionally (`ModelOptions.unpad`) the embeddings and encoder run on the real tokens only
   (`Unpadding`), with the padded model's loss.
 
 Sparse attention: one `SparseSelfAttention` (parameter-free, its layout a non-persistent
@@ -35,7 +35,7 @@ not change. It has no dropout on the attention probabilities (neither had DeepSp
 Transformer kernel (CUDA only): the encoder layers are DeepSpeed's `DeepSpeedTransformerLayer`,
 whose parameters are named attn_qkvw, attn_qkvb, attn_ow, ..., norm_b (the original's
 checkpoints of kernel runs have those keys). The encoder's load_state_dict accepts either
-layout and converts to its own (`turing.hf_convert`), so weights move between kernel and plain
+layout and converts to its own (`turing.kernel_layout`), so weights move between kernel and plain
 runs. Differences from the plain layer: the kernel's GELU is the tanh approximation, and it
 cannot scale its branches (no progressive layer drop) or be recomputed by
 torch.utils.checkpoint (its own memory flags do that job). NOT run in this project's CPU tests:
@@ -43,6 +43,7 @@ the CUDA construction and forward are checked only through a stand-in layer with
 parameter names, and the layout conversion by a round-trip test.
 """
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
 logger = logging.getLogger(__name__)
@@ -459,10 +461,8 @@ class BertLayer(nn.Module):
 
 def _load_layers_in_own_layout(encoder, state_dict, prefix, *_):
     """load_state_dict pre-hook of BertEncoder: rename incoming layer weights to the layout
-    this encoder has (SPEC 5 names, or the transformer kernel's), so checkpoints of either
+    this encoder has (the original's names, or the transformer kernel's), so checkpoints of either
     kind load into both. Edits `state_dict` in place (load_state_dict passes a copy)."""
-    from turing.hf_convert import from_transformer_kernel_layout, to_transformer_kernel_layout
-
     convert = to_transformer_kernel_layout if encoder.uses_transformer_kernel else from_transformer_kernel_layout
     layer_prefix = prefix + "layer."
     keys = [k for k in state_dict if k.startswith(layer_prefix)]
@@ -594,7 +594,7 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
 
 
-def _precision(ds_config):
+def precision_of(ds_config):
     """'fp16', 'bf16' or 'fp32' from a DeepSpeed config dict."""
     if (ds_config.get("fp16") or {}).get("enabled", False):
         return "fp16"
@@ -603,56 +603,105 @@ def _precision(ds_config):
     return "fp32"
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """What a run chooses about the model beyond its sizes (`BertConfig`): the model reads these
+    and nothing else. `from_args` builds them from a command line (the training script's `args`,
+    or any object with some of its attributes) in one place.
+
+    A new model option is a field here (with its default), the flag in utils.py when it is one,
+    and the code in the model that reads it."""
+    checkpoint_activations: bool = False        # recompute each encoder layer in backward
+    unpad: bool = False                         # encoder on real tokens only (training loss)
+    next_sentence_prediction: bool = True       # the job config's training switch: NSP term in the loss
+    progressive_layer_drop: bool = False
+    deepspeed_sparse_attention: bool = False
+    sparse_attention: Optional[dict] = None     # ds_config's `sparse_attention` block (None: defaults)
+    deepspeed_transformer_kernel: bool = False  # DeepSpeed's fused CUDA layer, with its memory flags:
+    stochastic_mode: bool = False
+    attention_dropout_checkpoint: bool = False
+    normalize_invertible: bool = False
+    gelu_checkpoint: bool = False
+    precision: str = "fp32"                     # of the DeepSpeed config: fp32, fp16 or bf16
+    micro_batch: Optional[int] = None           # the kernel's maximum batch
+    local_rank: int = 0                         # the kernel's device and init rank
+    seed: int = 42                              # the kernel's and the sparse layouts' random draws
+
+    # fields taken from the attribute of the same name
+    _SAME_NAME = ("checkpoint_activations", "unpad", "next_sentence_prediction", "progressive_layer_drop",
+                  "deepspeed_sparse_attention", "deepspeed_transformer_kernel", "stochastic_mode",
+                  "attention_dropout_checkpoint", "normalize_invertible", "gelu_checkpoint", "seed")
+
+    @classmethod
+    def from_args(cls, args):
+        """The options of `args` (None: all defaults; ModelOptions: itself; a RunConfig: its
+        `model`). Attributes `args`
+        lacks keep their defaults; ds_config gives the sparse-attention block and the precision,
+        train_micro_batch_size_per_gpu the micro batch, local_rank (or the launcher's
+        LOCAL_RANK) the local rank."""
+        if args is None or isinstance(args, cls):
+            return args or cls()
+        if isinstance(getattr(args, "model", None), cls):
+            return args.model  # the training script's RunConfig
+        ds_config = getattr(args, "ds_config", None) or {}
+        local_rank = getattr(args, "local_rank", -1)
+        if local_rank is None or local_rank < 0:
+            # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        return cls(**{name: getattr(args, name) for name in cls._SAME_NAME if hasattr(args, name)},
+                   sparse_attention=ds_config.get("sparse_attention"), precision=precision_of(ds_config),
+                   micro_batch=getattr(args, "train_micro_batch_size_per_gpu", None), local_rank=local_rank)
+
+    def check(self):
+        """Reject option combinations this machine or build cannot run, with one line saying why."""
+        if self.unpad:
+            for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
+                if getattr(self, flag):
+                    raise InputValueError(f"--unpad cannot be combined with --{flag} (it needs full-length, "
+                                          "padded sequences)")
+        if not self.deepspeed_transformer_kernel:
+            return
+        if self.deepspeed_sparse_attention:
+            raise InputValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
+        if not torch.cuda.is_available():
+            raise InputValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
+                                  "layer is a CUDA op); none is available, run without the flag")
+        if self.progressive_layer_drop:
+            raise InputValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
+                                  "(the fused layer cannot scale or skip its branches)")
+        if self.checkpoint_activations:
+            raise InputValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
+                                  "use the kernel's --attention_dropout_checkpoint, --gelu_checkpoint and "
+                                  "--normalize_invertible to save memory")
+        if self.precision == "bf16":
+            raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
+                                  "enables bf16")
+
+
 def check_model_flags(args):
     """Reject model options this machine or build cannot run, with one line saying why.
 
     Cheap (no weights, no data): the model calls it first, and a training script can call it
-    right after parsing so the error comes before any work.
+    right after parsing so the error comes before any work. `args`: a command line or ModelOptions.
     """
-    if getattr(args, "unpad", False):
-        for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
-            if getattr(args, flag, False):
-                raise InputValueError(f"--unpad cannot be combined with --{flag} (it needs full-length, "
-                                 "padded sequences)")
-    if not getattr(args, "deepspeed_transformer_kernel", False):
-        return
-    if getattr(args, "deepspeed_sparse_attention", False):
-        raise InputValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
-    if not torch.cuda.is_available():
-        raise InputValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
-                         "layer is a CUDA op); none is available, run without the flag")
-    if getattr(args, "progressive_layer_drop", False):
-        raise InputValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
-                         "(the fused layer cannot scale or skip its branches)")
-    if getattr(args, "checkpoint_activations", False):
-        raise InputValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
-                         "use the kernel's --attention_dropout_checkpoint, --gelu_checkpoint and "
-                         "--normalize_invertible to save memory")
-    precision = _precision(getattr(args, "ds_config", None) or {})
-    if precision == "bf16":
-        raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
-                         "enables bf16")
+    ModelOptions.from_args(args).check()
 
 
-def _transformer_kernel_layers(config, args):
+def _transformer_kernel_layers(config, options):
     """One DeepSpeedTransformerLayer per encoder layer (pre-LN, CUDA).
 
     Checked only against a stand-in layer on CPU (tests/test_model_options.py); run the GPU
     check script before relying on it.
     """
-    from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer
+    from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # CUDA-only op
 
     if config.hidden_act != "gelu":
         raise BertConfigError(f"bert_model_config: hidden_act {config.hidden_act!r}; "
                               "--deepspeed_transformer_kernel computes gelu only")
-    batch_size = getattr(args, "train_micro_batch_size_per_gpu", None)
+    batch_size = options.micro_batch
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise InputValueError("--deepspeed_transformer_kernel needs args.train_micro_batch_size_per_gpu (the "
-                         f"kernel's maximum batch), got {batch_size!r}")
-    local_rank = getattr(args, "local_rank", -1)
-    if local_rank is None or local_rank < 0:
-        # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+                              f"kernel's maximum batch), got {batch_size!r}")
     settings = dict(
         batch_size=batch_size,
         hidden_size=config.hidden_size,
@@ -663,14 +712,14 @@ def _transformer_kernel_layers(config, args):
         num_hidden_layers=config.num_hidden_layers,
         initializer_range=config.initializer_range,
         layer_norm_eps=LAYER_NORM_EPS,
-        local_rank=local_rank,
-        seed=getattr(args, "seed", 42),
-        fp16=_precision(getattr(args, "ds_config", None) or {}) == "fp16",
+        local_rank=options.local_rank,
+        seed=options.seed,
+        fp16=options.precision == "fp16",
         pre_layer_norm=True,
-        attn_dropout_checkpoint=bool(getattr(args, "attention_dropout_checkpoint", False)),
-        normalize_invertible=bool(getattr(args, "normalize_invertible", False)),
-        gelu_checkpoint=bool(getattr(args, "gelu_checkpoint", False)),
-        stochastic_mode=bool(getattr(args, "stochastic_mode", False)),
+        attn_dropout_checkpoint=bool(options.attention_dropout_checkpoint),
+        normalize_invertible=bool(options.normalize_invertible),
+        gelu_checkpoint=bool(options.gelu_checkpoint),
+        stochastic_mode=bool(options.stochastic_mode),
     )
     logger.info("DeepSpeed transformer kernel layers: %s", settings)
     # A fresh config per layer: each layer writes its own id into the config it is given.
@@ -678,12 +727,29 @@ def _transformer_kernel_layers(config, args):
             for _ in range(config.num_hidden_layers)]
 
 
-def _sparse_self_attention(config, args):
+def _sparse_self_attention(config, options):
     """The one SparseSelfAttention all layers share, from ds_config's `sparse_attention` block."""
-    ds_config = getattr(args, "ds_config", None) or {}
-    sparsity_config = sparsity_config_from_ds(ds_config.get("sparse_attention"), config.num_attention_heads,
-                                              seed=getattr(args, "seed", 0))
+    sparsity_config = sparsity_config_from_ds(options.sparse_attention, config.num_attention_heads,
+                                              seed=options.seed)
     return SparseSelfAttention(sparsity_config, max_seq_length=config.max_position_embeddings)
+
+
+def masked_lm_loss_of_scores(prediction_scores, masked_lm_labels):
+    """The MLM term from full prediction scores (B, L, V): cross-entropy in fp32, averaged over the
+    positions whose label is not -1; 0 for a batch without any (not the NaN of a mean over
+    nothing). The training forward computes the same term on the masked rows only."""
+    masked = masked_lm_labels != -1
+    return (F.cross_entropy(prediction_scores[masked].float(), masked_lm_labels[masked], reduction="sum")
+            / masked.sum().clamp(min=1))
+
+
+def pretraining_loss(masked_lm_loss, nsp_scores, next_sentence_labels):
+    """The pretraining loss, for training and validation alike: the MLM term plus the NSP
+    cross-entropy (labels -1 ignored), or the MLM term alone where `nsp_scores` is None (the
+    job config's next_sentence_prediction false)."""
+    if nsp_scores is None:
+        return masked_lm_loss
+    return masked_lm_loss + F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
 
 
 class BertForPreTrainingPreLN(nn.Module):
@@ -692,31 +758,29 @@ class BertForPreTrainingPreLN(nn.Module):
     `batch` is (batch_type, input_ids, input_mask, segment_ids, next_sentence_labels,
     masked_lm_labels), a `turing.batch.Batch` or any sequence in that order; labels -1 are
     ignored. With labels, returns CE(MLM over the masked positions) + CE(NSP), or the MLM term
-    alone when `args.next_sentence_prediction` is False (the pooler and NSP head stay in the
+    alone when the options' next_sentence_prediction is False (the pooler and NSP head stay in the
     model, untrained, so checkpoints keep their keys); a batch with no masked position
     contributes 0 for the MLM term (instead of the NaN a mean over nothing gives). With `masked_lm_labels` None, returns (prediction_scores (B, L, V), nsp_scores (B, 2)).
     Keyword arguments: `progressive_layer_drop` and `pld_theta`, which DeepSpeed's engine adds
     when PLD is on (layers drop only in training); any other keyword is ignored.
-    `args` fields read: checkpoint_activations; deepspeed_sparse_attention (with ds_config's
-    `sparse_attention` block and seed); deepspeed_transformer_kernel (with
-    train_micro_batch_size_per_gpu, local_rank, seed, ds_config's precision and the kernel's
-    memory flags); see `check_model_flags` for what cannot be combined.
+    `options`: ModelOptions, or the original's `args` (read once, by ModelOptions.from_args);
+    see ModelOptions.check for what cannot be combined.
     """
 
-    def __init__(self, config, args=None):
+    def __init__(self, config, options=None):
         super().__init__()
-        check_model_flags(args)
+        options = ModelOptions.from_args(options)
+        options.check()
         self.config = config
-        checkpoint_activations = bool(getattr(args, "checkpoint_activations", False))
         sparse_attention = kernel_layers = None
-        if getattr(args, "deepspeed_sparse_attention", False):
-            sparse_attention = _sparse_self_attention(config, args)
-        if getattr(args, "deepspeed_transformer_kernel", False):
-            kernel_layers = _transformer_kernel_layers(config, args)
-        self.bert = BertModel(config, checkpoint_activations, sparse_attention, kernel_layers)
+        if options.deepspeed_sparse_attention:
+            sparse_attention = _sparse_self_attention(config, options)
+        if options.deepspeed_transformer_kernel:
+            kernel_layers = _transformer_kernel_layers(config, options)
+        self.bert = BertModel(config, bool(options.checkpoint_activations), sparse_attention, kernel_layers)
         # --unpad: the encoder runs on real tokens only (training loss; predict() stays padded).
-        self.unpad = bool(getattr(args, "unpad", False))
-        self.next_sentence_prediction = bool(getattr(args, "next_sentence_prediction", True))
+        self.unpad = bool(options.unpad)
+        self.next_sentence_prediction = bool(options.next_sentence_prediction)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
         self._init_weights()
 
@@ -736,7 +800,7 @@ class BertForPreTrainingPreLN(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
         if self.bert.encoder.uses_transformer_kernel:
-            # SPEC 5's init for the kernel's parameters too, so both layer kinds start alike
+            # The same init for the kernel's parameters too, so both layer kinds start alike
             # (DeepSpeed's own init scales the residual weights only when local_rank == 0).
             for layer in self.bert.encoder.layer:
                 for name in ("attn_qkvw", "inter_w"):
@@ -778,11 +842,8 @@ class BertForPreTrainingPreLN(nn.Module):
         masked_lm_loss = _LinearCrossEntropy.apply(
             predictions.transform(masked_output), predictions.decoder.weight, predictions.bias,
             flat_labels.index_select(0, masked_positions))
-        if not self.next_sentence_prediction:
-            return masked_lm_loss
-        nsp_scores = self.cls.seq_relationship(pooled_output)
-        next_sentence_loss = F.cross_entropy(nsp_scores, next_sentence_labels.reshape(-1), ignore_index=-1)
-        return masked_lm_loss + next_sentence_loss
+        nsp_scores = self.cls.seq_relationship(pooled_output) if self.next_sentence_prediction else None
+        return pretraining_loss(masked_lm_loss, nsp_scores, next_sentence_labels)
 
     def predict(self, input_ids, segment_ids, input_mask):
         """Scores for every position: (prediction_scores (B, L, V), nsp_scores (B, 2))."""

@@ -12,7 +12,8 @@ import os
 import torch
 
 from turing.batch import Batch
-from turing.errors import InputFileNotFoundError, InputValueError
+from turing.checkpoint import read_state_dict_file
+from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 
@@ -54,12 +55,9 @@ class BertMultiTask:
         if not os.path.isfile(state_dict_file):
             raise InputFileNotFoundError(f"model weights {state_dict_file}: file not found")
         try:
-            state_dict = torch.load(state_dict_file, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for a file it cannot read
-            raise CheckpointError(f"model weights {state_dict_file}: not a torch state dict ({e})") from None
-        if not isinstance(state_dict, dict):
-            raise CheckpointError(f"model weights {state_dict_file}: expected a state dict, "
-                                  f"got {type(state_dict).__name__}")
+            state_dict = read_state_dict_file(state_dict_file)
+        except ConversionError as e:
+            raise CheckpointError(f"model weights {e}") from None
         model = self._module()
         expected = set(model.state_dict())
         missing = sorted(expected - set(state_dict))
@@ -83,12 +81,3 @@ class BertMultiTask:
 
     def train(self):
         self.network.train()
-
-    def to(self, device):
-        self.network.to(device)
-        self.set_device(device)
-        return self
-
-    def half(self):
-        self.network.half()
-        return self

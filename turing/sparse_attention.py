@@ -460,7 +460,7 @@ def _mask_mod(layout, block, keep):
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention  # optional: PyTorch >= 2.5, CUDA path
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -491,7 +491,7 @@ def prepare_mask(layout, block, key_padding_mask, batch, seq_len, device, backen
     heads = lay.shape[0] if lay.shape[0] > 1 else None
     batches = batch if keep is not None else None
     if backend == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import create_block_mask  # optional: PyTorch >= 2.5
         return create_block_mask(_mask_mod(lay, block, keep), batches, heads, padded, padded, device=device)
     if backend != "sdpa":
         raise ValueError(f"backend: {backend!r} is not one of flex, sdpa")
@@ -513,7 +513,7 @@ def attend(q, k, v, mask, backend):
             if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
                 raise NotImplementedError("FlexAttention has no backward on CPU in this PyTorch; "
                                           "use backend='sdpa' to train on CPU")
-            from torch.nn.attention.flex_attention import flex_attention
+            from torch.nn.attention.flex_attention import flex_attention  # optional: PyTorch >= 2.5
             # eager, inference only; it refuses inputs that require grad even under no_grad
             out = flex_attention(q.detach(), k.detach(), v.detach(), block_mask=mask)
         else:

@@ -11,7 +11,7 @@ Two deliberate differences from the original, neither of which changes the maths
 - the original scripts `bias_gelu` with `torch.jit.script` and divides by the constant
   1.41421; here it is a plain function dividing by sqrt(2) (TorchScript does not fuse on
   CPU, so the same element-wise ops run either way, and sqrt(2) is the exact erf GELU
-  that SPEC section 5 asks for);
+  that the original model has);
 - no transformer-kernel, sparse-attention or PLD branches: the parity tests cover the
   plain path only.
 Not part of the library; nothing under `turing/` imports it.

@@ -1,0 +1,296 @@
+"""Checkpoint folders: what a complete checkpoint is, which one a resume or an export reads, how
+old ones are pruned, and reading their weights safely.
+
+A run's checkpoints live in OUT/saved_models/JOB/TAG. Tags: epoch{E}_step{S} after an epoch,
+step{S} for interval and stop checkpoints (mid-epoch, with the position inside it). A tag folder
+is complete once COMPLETE_MARKER is in it; only then does `latest` (written atomically) name it.
+Folders without markers (the original program's, DeepSpeed's own, copies) are read only when no
+complete checkpoint is beside them, and only once they load. One rule picks the checkpoint for
+every reader (`resume_candidates`): the trainer's resume, `--use_pretrain` of a checkpoint folder,
+tools/export_hf.py and tools/finetune_glue.py.
+
+Weights are read with torch.load(weights_only=True) (`read_torch_file`, `read_state_dict_file`);
+the full unpickler, which can run code from the file, only where a caller allows it, with a warning.
+"""
+import logging
+import os
+import re
+import shutil
+import zipfile
+
+import numpy as np
+import torch
+
+from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError
+from turing.jsonfile import read_json
+from turing.kernel_layout import from_transformer_kernel_layout
+
+logger = logging.getLogger(__name__)
+
+MODEL_STATES_FILE = "mp_rank_00_model_states.pt"  # ZeRO stages 0-2: the whole module, model-parallel rank 0
+COMPLETE_MARKER = "checkpoint_complete.json"
+ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, text):
+    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(os.path.dirname(path))
+
+
+def sync_folder(folder):
+    """fsync every file under `folder`, then the folders (so their new entries last too)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
+
+
+def step_of(tag):
+    match = re.fullmatch(r"(?:epoch\d+_)?(?:global_)?step(\d+)", tag)
+    return int(match.group(1)) if match else -1
+
+
+def tag_order(tag):
+    return step_of(tag), tag.startswith("epoch")
+
+
+def complete_tags(path):
+    """Complete checkpoint tags in a folder, oldest first (by global step)."""
+    if not os.path.isdir(path):
+        return []
+    tags = [d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, COMPLETE_MARKER))]
+    return sorted(tags, key=tag_order)
+
+
+def engine_tags(path):
+    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
+    if not os.path.isdir(path):
+        return []
+    tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
+            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
+    return sorted(tags, key=tag_order)
+
+
+def holds_checkpoints(path):
+    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
+    return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
+
+
+def checkpoint_damage(folder):
+    """Why the checkpoint in `folder` cannot load, found without loading it; None when it looks
+    whole. A torch file is a zip archive whose directory sits at its end: cut short, it has none."""
+    names = sorted(os.listdir(folder))
+    if not any(n.endswith(ENGINE_FILE_SUFFIX) for n in names):
+        return f"no {MODEL_STATES_FILE} (no *{ENGINE_FILE_SUFFIX} file)"
+    for name in (n for n in names if n.endswith(".pt")):
+        with open(os.path.join(folder, name), "rb") as f:
+            head = f.read(4)
+        if not head:
+            return f"{name} is empty"
+        if head == b"PK\x03\x04":  # torch's zip format (the legacy pickle format is left to the loader)
+            try:
+                zipfile.ZipFile(os.path.join(folder, name)).close()
+            except zipfile.BadZipFile:
+                return f"{name} is cut short or damaged"
+    return None
+
+
+def prune_interval_checkpoints(path, keep_last, keep):
+    """Remove all but the newest `keep_last` step{S} checkpoints; never `keep` (the latest)."""
+    if keep_last <= 0:
+        return
+    interval = [t for t in complete_tags(path) if t.startswith("step")]
+    for tag in interval[:-keep_last]:
+        if tag != keep:
+            shutil.rmtree(os.path.join(path, tag), ignore_errors=True)
+            logger.info("Removed old interval checkpoint %s", tag)
+
+
+def resume_candidates(path, tag, warn=logger.warning, folder_flag="--load_training_checkpoint",
+                      tag_flag="--load_checkpoint_id"):
+    """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
+    'latest': the tag the latest file names, else the newest). The flags named in errors are
+    the caller's.
+
+    Where the folder holds complete checkpoints, only they count (a tag without the marker was
+    being written when its run died); a folder without any (written by the original program,
+    by DeepSpeed directly, or copied without the markers) offers every tag folder with engine
+    files. The tag asked for comes first; older ones follow as fall-backs. Tags whose files are
+    cut short are left out, with a warning; none left is an InputError.
+    """
+    if not os.path.isdir(path):
+        raise CheckpointNotFoundError(f"{path}: checkpoint folder not found"
+                                      + (f" ({folder_flag})" if folder_flag else ""))
+    complete = complete_tags(path)
+    pool = complete or engine_tags(path)
+    if tag in (None, "latest"):
+        latest = os.path.join(path, "latest")
+        if os.path.isfile(latest):
+            with open(latest) as f:
+                tag = f.read().strip()
+        elif pool:
+            tag = pool[-1]
+        else:
+            raise CheckpointNotFoundError(f"{path}: no checkpoint there (no 'latest' file, no tag folder with "
+                                          f"*{ENGINE_FILE_SUFFIX}); give {tag_flag + ' TAG' if tag_flag else 'a tag'} or another folder")
+    elif not os.path.isdir(os.path.join(path, tag)):
+        tags = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        raise CheckpointNotFoundError(f"{os.path.join(path, tag)}: checkpoint tag '{tag}' not found"
+                                      + (f" ({tag_flag})" if tag_flag else "") + "; "
+                                      f"tags there: {', '.join(tags) or 'none'}")
+    folder = os.path.join(path, tag)
+    if tag not in pool:
+        warn("Checkpoint %s is missing or incomplete (no %s: killed while writing?)", folder, COMPLETE_MARKER)
+    elif not complete:
+        warn("Checkpoint %s has no %s (written by the original program, by DeepSpeed directly, or copied "
+             "without it): resuming from it if it loads", folder, COMPLETE_MARKER)
+    candidates = ([tag] if tag in pool else []) + [
+        t for t in reversed(pool) if t != tag and (tag_order(t) <= tag_order(tag) or step_of(tag) < 0)]
+    usable, damaged = [], []
+    if tag not in pool and os.path.isdir(folder):
+        damaged.append(f"{tag}: {checkpoint_damage(folder) or 'incomplete'}")
+    for candidate in candidates:
+        damage = checkpoint_damage(os.path.join(path, candidate))
+        if damage is None:
+            usable.append(candidate)
+        else:
+            damaged.append(f"{candidate}: {damage}")
+            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
+    if not usable:
+        raise InputValueError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
+                              f"move the folder away to start fresh, or give another --job_name")
+    if usable[0] != tag:
+        warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
+    return usable
+
+
+def _read_json_if_present(path):
+    return read_json(path, "file", ConversionError) if os.path.isfile(path) else None
+
+
+def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None, folder_flag=None, tag_flag=None):
+    """The folder of the checkpoint to read weights from: checkpoint_dir itself when it is a tag
+    folder (holds MODEL_STATES_FILE), else the first of `resume_candidates` (the trainer's rule:
+    the tag asked for or the one `latest` names, complete checkpoints first, an older loadable
+    one where it is cut short, with a warning)."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointNotFoundError(f"{checkpoint_dir}: checkpoint folder not found")
+    if tag is None and os.path.isfile(os.path.join(checkpoint_dir, MODEL_STATES_FILE)):
+        return checkpoint_dir
+    notes = []  # warnings, given only when a checkpoint is found (an error stays one line)
+    usable = resume_candidates(checkpoint_dir, tag, warn=lambda *note: notes.append(note), folder_flag=folder_flag,
+                               tag_flag=tag_flag)
+    for note in notes:
+        logger.warning(*note)
+    return os.path.join(checkpoint_dir, usable[0])
+
+
+def numpy_array_globals():
+    """What unpickling a numpy array needs (older checkpoints' client states hold numpy RNG
+    states); allowed in weights-only loads."""
+    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype] + [
+        getattr(np.dtypes, name) for name in ("UInt32DType", "Float64DType", "Int64DType")
+        if hasattr(getattr(np, "dtypes", None), name)]
+
+
+def load_error_detail(path, error):
+    """Why torch could not load `path`, in a few words: an empty file says so; else the first
+    line of the error's message, or its type where it has none (torch gives EOFError())."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        return "empty file, 0 bytes: written incompletely?"
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def read_torch_file(path, unpickle_fallback=True):
+    """A torch file read with torch.load(weights_only=True) (numpy arrays allowed); where that
+    fails, the full unpickler with a warning, or a ConversionError with unpickle_fallback=False."""
+    if os.path.getsize(path) == 0:
+        raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, None)})")
+    try:
+        with torch.serialization.safe_globals(numpy_array_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as first:  # noqa: BLE001 - torch raises several types here
+        if not unpickle_fallback:
+            raise ConversionError(f"{path}: does not load with torch.load(weights_only=True) "
+                                  f"({str(first).splitlines()[0][:200]}); it is not unpickled here, as that "
+                                  f"could run code from the file") from None
+        # DeepSpeed model-state files can hold Python objects beyond tensors, plain containers
+        # and numpy arrays (depending on the DeepSpeed version and config: argparse
+        # Namespaces, enums), which the weights-only unpickler refuses; those need the full
+        # unpickler, which can run code from the file. Only load checkpoints you trust.
+        logger.warning("%s: not loadable weights-only (%s); loading with weights_only=False, "
+                       "which trusts the file", path, load_error_detail(path, first))
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
+
+
+def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
+    """Read the model weights of one of our DeepSpeed checkpoints.
+
+    checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
+    a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt.
+    The file is read with torch.load(weights_only=True); one that needs the full unpickler
+    (Python objects of other DeepSpeed versions) is then unpickled with a warning, or refused
+    with unpickle_fallback=False.
+    Returns (state_dict in fp32 with the original's keys, job_config dict or None, args dict or None);
+    the two dicts come from the job_config.json and args.json saved next to the checkpoint.
+    """
+    folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
+    path = os.path.join(folder, MODEL_STATES_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
+                                      "checkpoint of one model-parallel rank)")
+    saved = read_torch_file(path, unpickle_fallback)
+    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
+        raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
+    state = {}
+    for key, value in saved["module"].items():
+        if not torch.is_tensor(value):
+            continue
+        if value.numel() == 0:
+            raise ConversionError(f"{path}: {key} is empty; a ZeRO stage 3 checkpoint keeps the weights "
+                                  "partitioned: gather them first with DeepSpeed's zero_to_fp32.py")
+        key = key[len("module."):] if key.startswith("module.") else key
+        state[key] = value.float() if value.is_floating_point() else value
+    state = from_transformer_kernel_layout(state)
+    job_config = _read_json_if_present(os.path.join(folder, "job_config.json"))
+    args = _read_json_if_present(os.path.join(folder, "args.json"))
+    logger.info("Read %d tensors from %s", len(state), path)
+    return state, job_config, args
+
+
+def read_state_dict_file(path):
+    """A state dict saved with torch.save (name -> tensor; a DeepSpeed {"module": ...} file is
+    unwrapped), read with torch.load(weights_only=True); a ConversionError naming the file when it
+    is not one."""
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a file it cannot read
+        raise ConversionError(f"{path}: not a torch state dict ({load_error_detail(path, e)})") from None
+    state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
+    if not isinstance(state_dict, dict):
+        raise ConversionError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
+    return state_dict
