@@ -51,7 +51,7 @@ RECIPES = {
                  "validation_every_steps": 50},
     # The demo's recipe: keep in step with the training flags of scripts/demo.sh.
     "demo": {"cf": "configs/demo/bert_config.json", "ds": "configs/demo/ds_config.json",
-             "flags": ["--lr_schedule", "budget", "--max_predictions_per_seq", "40"],
+             "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "40"],
              "validation_every_steps": 100},
 }
 
@@ -90,7 +90,7 @@ def train(recipe, seed, minutes, work, out):
         "--data_path_prefix", work, "--validation_data_path_prefix", work, "--output_dir", out,
         "--max_seq_length", "128", "--print_steps", "50", "--seed", str(seed),
         "--max_train_hours", f"{minutes / 60:.6f}", "--validation_every_steps", str(spec["validation_every_steps"]),
-        "--ckpt_to_save", "0", "--job_name", f"{recipe}_seed{seed}"] + spec["flags"])
+        "--job_name", f"{recipe}_seed{seed}"] + spec["flags"])
     logger.info("%s, seed %d, %.1f min: %s", recipe, seed, minutes, shlex.join(cmd))
     os.makedirs(out, exist_ok=True)
     # the launcher sets the process group; the threads are the caller's (not the tests' one thread)
