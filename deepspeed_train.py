@@ -10,6 +10,7 @@ checkpoint -> run epochs: train (the step loop), checkpoint, validate.
 sets up a one-process group itself.
 """
 import dataclasses
+import datetime
 import fcntl
 import json
 import logging
@@ -23,12 +24,14 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from typing import Optional
 
 import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as dist_c10d
 from deepspeed.accelerator import get_accelerator
 from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
@@ -243,6 +246,7 @@ def check_config_values(args):
     if args.max_seq_length > model_config.max_position_embeddings:
         raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
                          f"{model_config.max_position_embeddings} of {args.config_file}")
+    _check_value(args.dist_timeout, "--dist_timeout", 0, above=True)
     if args.max_train_hours is not None:
         _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
     for epoch in args.ckpt_to_save or ():
@@ -406,12 +410,24 @@ def ensure_process_group_env():
                       MASTER_PORT=str(port))
 
 
+def bound_collectives(seconds):
+    """--dist_timeout as the bound of every collective: of the default group (returned, for
+    init_distributed, which also bounds the start-up rendezvous with it) and of the groups
+    DeepSpeed creates later (its data-parallel group, ZeRO's), which torch.distributed.new_group
+    builds with torch's default timeout, 30 minutes, unless that default is set too. A rank
+    whose peer died or hangs then raises instead of waiting; main() ends it with one line."""
+    timeout = datetime.timedelta(seconds=seconds)
+    dist_c10d.default_pg_timeout = timeout
+    dist_c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
 def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
     derive them from its config; returns this process's Ranks. Safe to call again."""
     ensure_process_group_env()
-    deepspeed.init_distributed()
+    deepspeed.init_distributed(timeout=bound_collectives(args.dist_timeout))
     ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
         args.ds_config, ranks.world, args.deepspeed_config)
@@ -1541,6 +1557,25 @@ def main(argv=None):
     except StopTraining as e:
         logger.error("%s", e)
         raise SystemExit(e.exit_code) from None
+    except RuntimeError as e:
+        # A collective failed: a peer rank died (its connection closed) or hung past --dist_timeout.
+        # The launcher's own line names the rank that exited; re-run with --auto_resume.
+        if not is_collective_failure(e) or "--debug" in (sys.argv if argv is None else argv):
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"error: rank {Ranks.current().rank}: lost the other ranks ({type(e).__name__}: {reason[:300]}); a "
+              f"rank died or did not answer within --dist_timeout {args.dist_timeout:g} s. Re-run with "
+              f"--auto_resume to continue from the last checkpoint", file=sys.stderr)
+        raise SystemExit(5) from None
+
+
+def is_collective_failure(error):
+    """Whether `error` came out of torch.distributed: its errors (a timeout is a DistError) or one
+    of gloo's RuntimeErrors (a peer's connection closed) raised inside a collective."""
+    if isinstance(error, dist.DistError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames[-3:])
 
 
 def _main(args):
