@@ -37,6 +37,7 @@ from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tqdm import tqdm
 
+from bert_dataset_provider import EpochPlan
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from turing.batch import Batch, collate_batch
@@ -83,6 +84,12 @@ class RunState:
     seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
     micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
     grad_accum: int = 0             # gradient accumulation steps, likewise
+    world: int = 0                  # ranks, likewise
+    # The layout (ranks, micro batch, accumulation) the epoch in progress began with, whose sample
+    # order it follows to its end, when it differs from this run's (0: the same)
+    plan_world: int = 0
+    plan_micro_batch: int = 0
+    plan_grad_accum: int = 0
 
     # field -> client-state key. The first three are the original's keys (and the only ones its
     # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
@@ -90,12 +97,22 @@ class RunState:
                    "global_data_samples": "last_global_data_samples",
                    "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
                    "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
-                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum"}
+                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum",
+                   "world": "world_size", "plan_world": "epoch_plan_world",
+                   "plan_micro_batch": "epoch_plan_micro_batch", "plan_grad_accum": "epoch_plan_grad_accum"}
     REQUIRED = ("epoch", "global_step", "global_data_samples")
-    LAYOUT = ("seq_length", "micro_batch", "grad_accum")  # this run's own, never taken from a checkpoint
+    LAYOUT = ("seq_length", "micro_batch", "grad_accum", "world")  # this run's own, never taken from a checkpoint
 
     def to_client_state(self):
         return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
+
+    def layout(self):
+        return EpochPlan(self.world, self.micro_batch, self.grad_accum)
+
+    def epoch_plan(self):
+        """The layout the epoch in progress began with, None when it is this run's."""
+        plan = EpochPlan(self.plan_world, self.plan_micro_batch, self.plan_grad_accum)
+        return None if not self.plan_world or plan == self.layout() else plan
 
     @classmethod
     def missing_keys(cls, client):
@@ -557,7 +574,7 @@ def prepare_model_optimizer(args, cfg=None):
     args.fp16 = model.network.fp16_enabled()
     model.session = RunContext(cfg, RunState(
         seq_length=cfg.max_seq_length, micro_batch=cfg.train_micro_batch_size_per_gpu,
-        grad_accum=cfg.gradient_accumulation_steps))
+        grad_accum=cfg.gradient_accumulation_steps, world=ranks.world))
     return model, optimizer
 
 
@@ -745,8 +762,9 @@ def restore_run_state(cfg, state, saved, folder):
 
     - the same phase continues where it stopped: epoch, position inside the epoch, counters and
       the LR warmup start, whether or not --rewarmup is given (re-running phase 2's command,
-      --rewarmup included, resumes it). A position inside an epoch counts micro-batches of one
-      micro batch size and accumulation; another layout is refused until it can be remapped.
+      --rewarmup included, resumes it). A position inside an epoch carries over to another
+      number of ranks, micro batch or accumulation of the same global batch
+      (continue_epoch_on_this_layout).
     - another phase (the checkpoint was trained at another sequence length, or does not say):
       counters and epoch carry on, the position inside the epoch starts at 0, and --rewarmup
       restarts the LR warmup at the restored step, once (this phase's checkpoints record it).
@@ -756,14 +774,8 @@ def restore_run_state(cfg, state, saved, folder):
             setattr(state, name, getattr(saved, name))
     state.restore_step = saved.global_step
     if saved.seq_length == state.seq_length:
-        layout, saved_layout = (state.micro_batch, state.grad_accum), (saved.micro_batch, saved.grad_accum)
-        if saved.epoch_micro_step and saved.micro_batch and saved_layout != layout:
-            raise InputError(
-                f"{folder}: saved inside epoch {saved.epoch + 1} (after {saved.epoch_micro_step} micro-batches) "
-                f"with micro batch {saved.micro_batch} x gradient accumulation {saved.grad_accum}; this run has "
-                f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
-                f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
-                f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+        if saved.epoch_micro_step and saved.micro_batch:
+            continue_epoch_on_this_layout(state, saved, folder)
         if cfg.rewarmup:
             logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
                         "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
@@ -774,6 +786,31 @@ def restore_run_state(cfg, state, saved, folder):
     logger.info("%s was trained at %s, this run at %d: a new phase, starting at the beginning of epoch %d%s",
                 folder, trained_at, state.seq_length, state.epoch + 1,
                 f", LR re-warmed from global step {saved.global_step}" if cfg.rewarmup else "")
+
+
+def continue_epoch_on_this_layout(state, saved, folder):
+    """A checkpoint saved inside an epoch: its position (micro batches per rank, counted in the
+    saving run's layout) in this run's, and the layout whose sample order the epoch follows to
+    its end (the one it began with; the providers deal its remaining steps over this run's ranks).
+    A position counts whole optimizer steps, the same on any layout of the same global batch;
+    another global batch is refused."""
+    saved_layout = EpochPlan(saved.world or state.world, saved.micro_batch, saved.grad_accum)
+    plan = EpochPlan(saved.plan_world, saved.plan_micro_batch, saved.plan_grad_accum) if saved.plan_world \
+        else saved_layout
+    if plan.global_batch != state.layout().global_batch:
+        raise InputError(
+            f"{folder}: saved inside epoch {saved.epoch + 1} (after {saved.epoch_micro_step // saved.grad_accum} "
+            f"optimizer steps) with a global batch of {plan.global_batch} ({plan.world} ranks x micro batch "
+            f"{plan.micro_batch} x gradient accumulation {plan.grad_accum}); this run's is "
+            f"{state.layout().global_batch} ({state.world} x {state.micro_batch} x {state.grad_accum}). Ranks, micro "
+            f"batch and accumulation may change inside an epoch, the global batch may not: resume with the DeepSpeed "
+            f"config saved beside it (ds_config.json), or from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+    state.epoch_micro_step = saved.epoch_micro_step // saved.grad_accum * state.grad_accum
+    state.plan_world, state.plan_micro_batch, state.plan_grad_accum = plan if plan != state.layout() else (0, 0, 0)
+    if saved_layout != state.layout():
+        logger.info("%s: epoch %d was saved on %d ranks x micro batch %d x accumulation %d and began on %d x %d x %d; "
+                    "its remaining samples are dealt over this run's %d x %d x %d", folder, saved.epoch + 1,
+                    *saved_layout, *plan, *state.layout())
 
 
 def load_training_checkpoint(args, model, PATH, ckpt_id):
@@ -789,7 +826,12 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     if saved_rng is not None and len(saved_rng) == world:
         set_rng_states(saved_rng[rank])
     elif saved_rng is not None:
-        logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
+        # Per-rank states do not map onto another number of ranks: every rank re-seeds its
+        # python, numpy and torch generators (dropout) with --seed + the restored global step,
+        # as a fresh run seeds them with --seed. The data order and masking do not draw from them.
+        set_seeds(model.session.config.seed + saved.global_step)
+        logger.warning("Checkpoint saved by %d ranks, running %d: random generators re-seeded with --seed + "
+                       "global step (%d)", len(saved_rng), world, model.session.config.seed + saved.global_step)
     return saved.epoch, saved.global_step, saved.global_data_samples
 
 
@@ -1364,7 +1406,11 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     if index != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
         state.epoch, state.epoch_micro_step = index, 0
     start = state.epoch_micro_step
-    refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start)
+    if start == 0:  # an epoch begins on this run's layout
+        state.plan_world = state.plan_micro_batch = state.plan_grad_accum = 0
+    plan = state.epoch_plan()
+    refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start,
+                                                            **({"plan": plan} if plan else {}))
     pretrain_dataset_provider.prefetch_shard(index + 1)
     total = agreed_step_count(local_total, engine.device)
     if total < local_total:
