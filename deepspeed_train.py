@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -487,6 +488,13 @@ def _check_optimizer_support(ds_config, path):
         raise InputError(f"{path}: optimizer '{opt_type}' needs CUDA and cupy; use AdamW on this machine")
     if precision_of(ds_config) == "fp16" and not on_cuda:
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
+    zero = ds_config.get("zero_optimization") or {}
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device != "none" and not on_cuda:
+            raise InputError(f"{path}: zero_optimization.{key} (device '{device}') moves ZeRO states out of GPU "
+                             f"memory, and needs a CUDA GPU; on this machine the states are in host memory already: "
+                             f"remove the block")
 
 
 def load_pretrained_weights(cfg, network):
@@ -819,8 +827,9 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
     returns (epoch, last_global_step, last_global_data_samples) as the original did."""
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
+    cfg = model.session.config
     saved = RunState.from_client_state(client_state)
-    restore_run_state(model.session.config, model.session.state, saved, folder)
+    restore_run_state(cfg, model.session.state, saved, folder)
     rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
@@ -833,6 +842,46 @@ def load_training_checkpoint(args, model, PATH, ckpt_id):
         logger.warning("Checkpoint saved by %d ranks, running %d: random generators re-seeded with --seed + "
                        "global step (%d)", len(saved_rng), world, model.session.config.seed + saved.global_step)
     return saved.epoch, saved.global_step, saved.global_data_samples
+
+
+UNIVERSAL_FOLDER = "universal"  # OUT/saved_models/JOB/universal/TAG: TAG converted for another number of ranks
+ZERO_OPTIM_FILE = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt")
+
+
+def zero_partitions(folder):
+    """The number of ranks a ZeRO checkpoint's optimizer states are partitioned over (0: not ZeRO)."""
+    return sum(bool(ZERO_OPTIM_FILE.fullmatch(name)) for name in os.listdir(folder))
+
+
+def universal_resume(cfg):
+    """A ZeRO checkpoint partitioned over another number of ranks than this run's loads through
+    DeepSpeed's universal checkpoint: rank 0 converts the tag a resume will load (once; kept in
+    SOURCE/universal/TAG) with `python -m deepspeed.checkpoint.ds_to_universal`, and the engine is
+    built with checkpoint.load_universal. Returns the RunConfig to build the engine with."""
+    path, tag = resume_source(cfg)
+    if path is None:
+        return cfg
+    tag = resume_candidates(path, tag, warn=lambda *_: None)[0]
+    folder = os.path.join(path, tag)
+    saved = zero_partitions(folder)
+    if not saved or saved == cfg.ranks.world:
+        return cfg
+    target = os.path.join(path, UNIVERSAL_FOLDER, tag)
+    if cfg.ranks.is_main and not os.path.isfile(os.path.join(target, COMPLETE_MARKER)):
+        logger.info("%s: ZeRO states of %d ranks, this run has %d: converting to a universal checkpoint in %s",
+                    folder, saved, cfg.ranks.world, target)
+        shutil.rmtree(target, ignore_errors=True)
+        command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", folder,
+                   "--output_folder", target, "--inject_missing_state"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError(f"{folder}: saved by {saved} ranks with ZeRO, and its conversion for {cfg.ranks.world} "
+                             f"ranks failed ({' '.join(command[1:4])}: {last}); resume on {saved} ranks")
+        write_atomic(os.path.join(target, COMPLETE_MARKER), json.dumps({"tag": tag, "from": folder}))
+    _barrier()
+    checkpoint = {**cfg.ds_config.get("checkpoint", {}), "load_universal": True}
+    return dataclasses.replace(cfg, ds_config={**cfg.ds_config, "checkpoint": checkpoint})
 
 
 def resume_source(cfg):
@@ -860,6 +909,8 @@ def load_checkpoint(args, model):
     state = model.session.state
     if path is None:
         return state.epoch
+    if cfg.ds_config.get("checkpoint", {}).get("load_universal"):  # converted by universal_resume
+        path, tag = os.path.join(path, UNIVERSAL_FOLDER), resume_candidates(path, tag, warn=lambda *_: None)[0]
     epoch, step, samples = load_training_checkpoint(args, model, path, tag)
     logger.info("Resumed at epoch %d (micro-batch %d), global step %d, %d samples", epoch + 1,
                 state.epoch_micro_step, step, samples)
@@ -1639,7 +1690,7 @@ def _main(args):
         _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
         validation = check_run_inputs(cfg, provider)
-        model, optimizer = prepare_model_optimizer(args, cfg)
+        model, optimizer = prepare_model_optimizer(args, universal_resume(cfg))
         session = model.session
         session.validation_set = validation
         start_epoch = load_checkpoint(args, model)
