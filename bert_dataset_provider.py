@@ -3,7 +3,9 @@
 The step loop drives a provider like this, once per epoch `index`:
 
     refs, total = provider.get_shard(index)      # iterable of batch references, its length
-                                                 # (start_batch=N, keyword only: skip N micro batches)
+                                                 # (start_batch=N, keyword only: skip N micro batches;
+                                                 # plan=EpochPlan: the epoch's order was made for
+                                                 # another batch layout, see remap_epoch)
     provider.prefetch_shard(index + 1)           # start loading the next epoch's shard
     for ref in refs:
         batch = provider.get_batch(ref)          # a turing.batch.Batch
@@ -16,6 +18,9 @@ treat the stop signals, which both providers share.
 """
 import contextlib
 import signal
+from typing import NamedTuple
+
+import numpy as np
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -50,6 +55,47 @@ def stop_signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+class EpochPlan(NamedTuple):
+    """A batch layout: ranks, micro batch per rank, gradient accumulation steps. An epoch's
+    sample order is made for the layout the epoch started with (its plan); a run resumed inside
+    the epoch with another layout of the same global batch finishes that plan (remap_epoch)."""
+    world: int
+    micro_batch: int
+    grad_accum: int
+
+    @property
+    def global_batch(self):
+        return self.world * self.micro_batch * self.grad_accum
+
+
+def remap_epoch(rows_per_rank, plan, start_step, layout, rank):
+    """This rank's micro batches (sample ids, shape [n, layout.micro_batch]) for the rest of an
+    epoch whose order was made for `plan`, from optimizer step `start_step` of the epoch on,
+    on `layout` (same global batch). Returns (rows, samples left unused).
+
+    rows_per_rank[r]: the micro batches plan rank r runs in the epoch ([n_r, plan.micro_batch]
+    sample ids); like the step loop, every rank runs the shortest rank's count. Optimizer step s
+    of the plan trains the samples of micro batches s*accum ... (s+1)*accum-1 of every plan
+    rank; on `layout`, step s trains exactly those samples (in plan-rank order, rank `rank`
+    taking its micro_batch x grad_accum slice), so an epoch interrupted and resumed on another
+    number of ranks, micro batch or accumulation trains every sample of the epoch once. A last
+    partial step (fewer micro batches than the accumulation) is dealt out in whole micro
+    batches; what does not fill one on every rank is left unused (the count returned)."""
+    if plan.global_batch != layout.global_batch:
+        raise ValueError(f"global batch {layout.global_batch} differs from the epoch's {plan.global_batch}")
+    total = min(len(rows) for rows in rows_per_rank)
+    steps = total // plan.grad_accum
+    rows = np.stack([np.asarray(r)[:total] for r in rows_per_rank])            # [plan ranks, total, micro]
+    whole = rows[:, :steps * plan.grad_accum].reshape(plan.world, steps, -1)   # [plan ranks, steps, accum*micro]
+    whole = whole.transpose(1, 0, 2).reshape(steps, -1)[start_step:]           # [steps left, global batch]
+    share = layout.micro_batch * layout.grad_accum
+    mine = whole[:, rank * share:(rank + 1) * share].reshape(-1, layout.micro_batch)
+    tail = rows[:, steps * plan.grad_accum:].reshape(-1)                       # the partial last step
+    per_rank = len(tail) // layout.world // layout.micro_batch * layout.micro_batch
+    mine = np.concatenate([mine, tail[rank * per_rank:(rank + 1) * per_rank].reshape(-1, layout.micro_batch)])
+    return mine, len(tail) - per_rank * layout.world
+
+
 class BertDatasetProviderInterface:
     """A data format: its training shards (built as `Provider(args)`, then per epoch get_shard,
     get_batch, ...) and its validation set (`validation_dataset`). The formats the training
@@ -72,7 +118,9 @@ class BertDatasetProviderInterface:
         is an error before the model is built, not in some later epoch."""
         raise NotImplementedError
 
-    def get_shard(self, index, *, start_batch=0):
+    def get_shard(self, index, *, start_batch=0, plan=None):
+        """(batch references of epoch `index` from micro batch `start_batch` on, their count);
+        `plan`: the EpochPlan the epoch's order was made for, when not this run's layout."""
         raise NotImplementedError
 
     def release_shard(self, index):

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
+from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, ignore_stop_signals, remap_epoch,
+                                   stop_signals_held)
 from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingShard, VocabIndex,
                             epoch_sample_order, open_validation_dataset, tokenize_shard)
@@ -166,30 +167,75 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             return future.result()  # re-raises a bad-shard error met in the background
         return tokenize_shard(BingShard(folder), self.vocab_index)
 
-    def get_shard(self, index, *, start_batch=0):
+    def _plan_rows(self, shards, index, plan, rank):
+        """Epoch `index` as rank `rank` of `plan` runs it: (picker, {dataset id: rows}) with rows
+        [micro batches, micro] of sample indices of that dataset's shard, in the order it uses them."""
+        repeat = plan.grad_accum * self.refresh_bucket_size
+        batches = {t: len(shard) // plan.world // plan.micro_batch // repeat for t, shard in shards.items()}
+        picker = build_dataset_picker(batches, repeat, self.seed, index)
+        rows = {}
+        for dataset_type, shard in shards.items():
+            num_micro = batches[dataset_type] * repeat
+            order = epoch_sample_order(len(shard), self.seed, index, rank, plan.world, salt=int(dataset_type))
+            rows[int(dataset_type)] = order[:num_micro * plan.micro_batch].reshape(num_micro, plan.micro_batch)
+        return picker, rows
+
+    def _remapped_rows(self, shards, index, start_batch, plan, layout):
+        """The rest of an epoch begun on `plan`, dealt over this run's ranks (remap_epoch): every
+        optimizer step of the plan reads one dataset, so each of its micro batches here does too.
+        Sample ids are the dataset's row indices offset by the sizes of the datasets before it."""
+        offsets = dict(zip(sorted(shards), np.cumsum([0] + [len(shards[t]) for t in sorted(shards)]).tolist()))
+        per_rank = []
+        for r in range(plan.world):
+            picker, rows = self._plan_rows(shards, index, plan, r)
+            used = {d: 0 for d in rows}
+            micro = []
+            for d in picker:
+                micro.append(rows[d][used[d]] + offsets[d])
+                used[d] += 1
+            per_rank.append(np.asarray(micro).reshape(-1, plan.micro_batch))
+        mine, unused = remap_epoch(per_rank, plan, start_batch // self.grad_accum, layout, self.rank)
+        picker, rows = [], {int(t): [] for t in shards}
+        for batch in mine:
+            d = max(t for t in offsets if offsets[t] <= batch[0])
+            picker.append(int(d))
+            rows[int(d)].append(batch - offsets[d])
+        logger.info("Epoch %d began on %d ranks x micro batch %d x accumulation %d: its remaining %d micro batches "
+                    "dealt over this run's %d ranks (%d samples unused)", index + 1, *plan, len(mine),
+                    self.world, unused)
+        return picker, {d: np.asarray(r, dtype=np.int64).reshape(-1, self.micro) for d, r in rows.items()}
+
+    def get_shard(self, index, *, start_batch=0, plan=None):
         """Start epoch `index` at micro batch `start_batch`: returns (picker entries, their count).
 
         The picker lists the dataset id of every remaining micro batch; pass each entry to
         get_batch(). start_batch > 0 skips the first micro batches without reading them.
+        `plan`: the layout the epoch started with, when the run resumed it on another one.
         """
         if self.worker is not None or self._iterators:
             self.release_shard(self.epoch)
         self.epoch = index
+        layout = EpochPlan(self.world, self.micro, self.grad_accum)
         repeat = self.grad_accum * self.refresh_bucket_size
         per_step = self.world * self.micro * repeat
-        shards, batches = {}, {}
+        shards = {}
         for dataset_type in self.dataset_folders:
             folder = self.shard_folder(dataset_type, index)
             shards[dataset_type] = self._tokenized(folder)
             self._current[folder] = shards[dataset_type]
-            batches[dataset_type] = len(shards[dataset_type]) // self.world // self.micro // repeat
-            if batches[dataset_type] == 0:
+            if len(shards[dataset_type]) // per_step == 0:
                 logger.warning("Epoch %d: shard %s has %d samples, fewer than world x micro x grad_accum x "
                                "refresh_bucket_size = %d; it gives no batches", index + 1, folder,
                                len(shards[dataset_type]), per_step)
         # Prefetched shards of another epoch are no longer wanted.
         self._prefetched.clear()
-        picker = build_dataset_picker(batches, repeat, self.seed, index)
+        if plan is not None and plan != layout:
+            picker, rows = self._remapped_rows(shards, index, start_batch, plan, layout)
+            first = {d: 0 for d in rows}
+            start_batch = 0
+        else:
+            picker, rows = self._plan_rows(shards, index, layout, self.rank)
+            first = {d: picker[:start_batch].count(d) for d in rows}
         if not picker:
             raise InputValueError(f"epoch {index}: no dataset shard holds world x micro x grad_accum x "
                              f"refresh_bucket_size = {per_step} samples; use bigger shards or fewer ranks")
@@ -197,18 +243,14 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             raise InputValueError(f"epoch {index}: start_batch {start_batch} is outside the epoch's "
                              f"{len(picker)} micro batches")
 
-        skipped = picker[:start_batch]
         for dataset_type, shard in shards.items():
-            if batches[dataset_type] == 0:
+            if not len(rows[int(dataset_type)]):
                 continue
-            num_micro = batches[dataset_type] * repeat
-            order = epoch_sample_order(len(shard), self.seed, index, self.rank, self.world, salt=int(dataset_type))
-            rows = order[:num_micro * self.micro].reshape(num_micro, self.micro)
             dataset = BingPretrainDataset(shard, self.vocab, self.max_seq_length, self.max_predictions_per_seq,
                                           self.seed, salt=int(dataset_type), epoch=index,
                                           masked_lm_prob=self.masked_lm_prob, mask_split=self.mask_split)
-            loader = DataLoader(_MicroBatches(dataset, rows), batch_size=None,
-                                sampler=range(skipped.count(int(dataset_type)), num_micro),
+            loader = DataLoader(_MicroBatches(dataset, rows[int(dataset_type)]), batch_size=None,
+                                sampler=range(first[int(dataset_type)], len(rows[int(dataset_type)])),
                                 num_workers=self.num_workers, worker_init_fn=ignore_stop_signals,
                                 # its own generator: creating the iterator must not draw from the
                                 # global torch RNG (dropout), or a resumed run would diverge
@@ -219,7 +261,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         remaining = picker[start_batch:]
         logger.info("Epoch %d: %s; %d micro batches%s", index + 1,
                     ", ".join(f"{t.name} {os.path.basename(shards[t].name)} ({len(shards[t])} samples, "
-                              f"{batches[t] * repeat} micro batches)" for t in shards),
+                              f"{len(rows[int(t)])} micro batches)" for t in shards),
                     len(picker), f", starting at {start_batch}" if start_batch else "")
         if self.use_async_worker and remaining:
             self.worker = AsyncWorker(self._iterators, remaining)

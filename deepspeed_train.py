@@ -10,6 +10,7 @@ checkpoint -> run epochs: train (the step loop), checkpoint, validate.
 sets up a one-process group itself.
 """
 import dataclasses
+import datetime
 import fcntl
 import json
 import logging
@@ -20,20 +21,24 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import traceback
 from typing import Optional
 
 import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as dist_c10d
 from deepspeed.accelerator import get_accelerator
 from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tqdm import tqdm
 
+from bert_dataset_provider import EpochPlan
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from turing.batch import Batch, collate_batch
@@ -80,6 +85,12 @@ class RunState:
     seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
     micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
     grad_accum: int = 0             # gradient accumulation steps, likewise
+    world: int = 0                  # ranks, likewise
+    # The layout (ranks, micro batch, accumulation) the epoch in progress began with, whose sample
+    # order it follows to its end, when it differs from this run's (0: the same)
+    plan_world: int = 0
+    plan_micro_batch: int = 0
+    plan_grad_accum: int = 0
 
     # field -> client-state key. The first three are the original's keys (and the only ones its
     # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
@@ -87,12 +98,22 @@ class RunState:
                    "global_data_samples": "last_global_data_samples",
                    "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
                    "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
-                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum"}
+                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum",
+                   "world": "world_size", "plan_world": "epoch_plan_world",
+                   "plan_micro_batch": "epoch_plan_micro_batch", "plan_grad_accum": "epoch_plan_grad_accum"}
     REQUIRED = ("epoch", "global_step", "global_data_samples")
-    LAYOUT = ("seq_length", "micro_batch", "grad_accum")  # this run's own, never taken from a checkpoint
+    LAYOUT = ("seq_length", "micro_batch", "grad_accum", "world")  # this run's own, never taken from a checkpoint
 
     def to_client_state(self):
         return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
+
+    def layout(self):
+        return EpochPlan(self.world, self.micro_batch, self.grad_accum)
+
+    def epoch_plan(self):
+        """The layout the epoch in progress began with, None when it is this run's."""
+        plan = EpochPlan(self.plan_world, self.plan_micro_batch, self.plan_grad_accum)
+        return None if not self.plan_world or plan == self.layout() else plan
 
     @classmethod
     def missing_keys(cls, client):
@@ -243,6 +264,7 @@ def check_config_values(args):
     if args.max_seq_length > model_config.max_position_embeddings:
         raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
                          f"{model_config.max_position_embeddings} of {args.config_file}")
+    _check_value(args.dist_timeout, "--dist_timeout", 0, above=True)
     if args.max_train_hours is not None:
         _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
     for epoch in args.ckpt_to_save or ():
@@ -406,12 +428,24 @@ def ensure_process_group_env():
                       MASTER_PORT=str(port))
 
 
+def bound_collectives(seconds):
+    """--dist_timeout as the bound of every collective: of the default group (returned, for
+    init_distributed, which also bounds the start-up rendezvous with it) and of the groups
+    DeepSpeed creates later (its data-parallel group, ZeRO's), which torch.distributed.new_group
+    builds with torch's default timeout, 30 minutes, unless that default is set too. A rank
+    whose peer died or hangs then raises instead of waiting; main() ends it with one line."""
+    timeout = datetime.timedelta(seconds=seconds)
+    dist_c10d.default_pg_timeout = timeout
+    dist_c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
 def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
     derive them from its config; returns this process's Ranks. Safe to call again."""
     ensure_process_group_env()
-    deepspeed.init_distributed()
+    deepspeed.init_distributed(timeout=bound_collectives(args.dist_timeout))
     ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
         args.ds_config, ranks.world, args.deepspeed_config)
@@ -454,6 +488,13 @@ def _check_optimizer_support(ds_config, path):
         raise InputError(f"{path}: optimizer '{opt_type}' needs CUDA and cupy; use AdamW on this machine")
     if precision_of(ds_config) == "fp16" and not on_cuda:
         raise InputError(f"{path}: fp16 needs a CUDA GPU; use bf16 or fp32 on this machine")
+    zero = ds_config.get("zero_optimization") or {}
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device != "none" and not on_cuda:
+            raise InputError(f"{path}: zero_optimization.{key} (device '{device}') moves ZeRO states out of GPU "
+                             f"memory, and needs a CUDA GPU; on this machine the states are in host memory already: "
+                             f"remove the block")
 
 
 def load_pretrained_weights(cfg, network):
@@ -541,7 +582,7 @@ def prepare_model_optimizer(args, cfg=None):
     args.fp16 = model.network.fp16_enabled()
     model.session = RunContext(cfg, RunState(
         seq_length=cfg.max_seq_length, micro_batch=cfg.train_micro_batch_size_per_gpu,
-        grad_accum=cfg.gradient_accumulation_steps))
+        grad_accum=cfg.gradient_accumulation_steps, world=ranks.world))
     return model, optimizer
 
 
@@ -729,8 +770,9 @@ def restore_run_state(cfg, state, saved, folder):
 
     - the same phase continues where it stopped: epoch, position inside the epoch, counters and
       the LR warmup start, whether or not --rewarmup is given (re-running phase 2's command,
-      --rewarmup included, resumes it). A position inside an epoch counts micro-batches of one
-      micro batch size and accumulation; another layout is refused until it can be remapped.
+      --rewarmup included, resumes it). A position inside an epoch carries over to another
+      number of ranks, micro batch or accumulation of the same global batch
+      (continue_epoch_on_this_layout).
     - another phase (the checkpoint was trained at another sequence length, or does not say):
       counters and epoch carry on, the position inside the epoch starts at 0, and --rewarmup
       restarts the LR warmup at the restored step, once (this phase's checkpoints record it).
@@ -740,14 +782,8 @@ def restore_run_state(cfg, state, saved, folder):
             setattr(state, name, getattr(saved, name))
     state.restore_step = saved.global_step
     if saved.seq_length == state.seq_length:
-        layout, saved_layout = (state.micro_batch, state.grad_accum), (saved.micro_batch, saved.grad_accum)
-        if saved.epoch_micro_step and saved.micro_batch and saved_layout != layout:
-            raise InputError(
-                f"{folder}: saved inside epoch {saved.epoch + 1} (after {saved.epoch_micro_step} micro-batches) "
-                f"with micro batch {saved.micro_batch} x gradient accumulation {saved.grad_accum}; this run has "
-                f"{state.micro_batch} x {state.grad_accum}, and a position inside an epoch cannot be carried to "
-                f"another batch layout: resume with the DeepSpeed config saved beside it (ds_config.json) or "
-                f"from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+        if saved.epoch_micro_step and saved.micro_batch:
+            continue_epoch_on_this_layout(state, saved, folder)
         if cfg.rewarmup:
             logger.info("--rewarmup: %s was trained at sequence length %d like this run; continuing its "
                         "warmup from global step %d", folder, state.seq_length, state.rewarmup_offset)
@@ -760,21 +796,92 @@ def restore_run_state(cfg, state, saved, folder):
                 f", LR re-warmed from global step {saved.global_step}" if cfg.rewarmup else "")
 
 
+def continue_epoch_on_this_layout(state, saved, folder):
+    """A checkpoint saved inside an epoch: its position (micro batches per rank, counted in the
+    saving run's layout) in this run's, and the layout whose sample order the epoch follows to
+    its end (the one it began with; the providers deal its remaining steps over this run's ranks).
+    A position counts whole optimizer steps, the same on any layout of the same global batch;
+    another global batch is refused."""
+    saved_layout = EpochPlan(saved.world or state.world, saved.micro_batch, saved.grad_accum)
+    plan = EpochPlan(saved.plan_world, saved.plan_micro_batch, saved.plan_grad_accum) if saved.plan_world \
+        else saved_layout
+    if plan.global_batch != state.layout().global_batch:
+        raise InputError(
+            f"{folder}: saved inside epoch {saved.epoch + 1} (after {saved.epoch_micro_step // saved.grad_accum} "
+            f"optimizer steps) with a global batch of {plan.global_batch} ({plan.world} ranks x micro batch "
+            f"{plan.micro_batch} x gradient accumulation {plan.grad_accum}); this run's is "
+            f"{state.layout().global_batch} ({state.world} x {state.micro_batch} x {state.grad_accum}). Ranks, micro "
+            f"batch and accumulation may change inside an epoch, the global batch may not: resume with the DeepSpeed "
+            f"config saved beside it (ds_config.json), or from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+    state.epoch_micro_step = saved.epoch_micro_step // saved.grad_accum * state.grad_accum
+    state.plan_world, state.plan_micro_batch, state.plan_grad_accum = plan if plan != state.layout() else (0, 0, 0)
+    if saved_layout != state.layout():
+        logger.info("%s: epoch %d was saved on %d ranks x micro batch %d x accumulation %d and began on %d x %d x %d; "
+                    "its remaining samples are dealt over this run's %d x %d x %d", folder, saved.epoch + 1,
+                    *saved_layout, *plan, *state.layout())
+
+
 def load_training_checkpoint(args, model, PATH, ckpt_id):
     """Restore engine, optimizer, the session's run state and the RNG states from PATH/ckpt_id
     (or, where that one does not load, the newest older checkpoint that does, with a warning);
     returns (epoch, last_global_step, last_global_data_samples) as the original did."""
     ckpt_id, client_state = load_first_loadable(model, PATH, ckpt_id)
     folder = os.path.join(PATH, ckpt_id)
+    cfg = model.session.config
     saved = RunState.from_client_state(client_state)
-    restore_run_state(model.session.config, model.session.state, saved, folder)
+    restore_run_state(cfg, model.session.state, saved, folder)
     rank, world = model.session.ranks.rank, model.session.ranks.world
     saved_rng = client_state.get("rng_states")
     if saved_rng is not None and len(saved_rng) == world:
         set_rng_states(saved_rng[rank])
     elif saved_rng is not None:
-        logger.warning("Checkpoint saved by %d ranks, running %d: random states not restored", len(saved_rng), world)
+        # Per-rank states do not map onto another number of ranks: every rank re-seeds its
+        # python, numpy and torch generators (dropout) with --seed + the restored global step,
+        # as a fresh run seeds them with --seed. The data order and masking do not draw from them.
+        set_seeds(model.session.config.seed + saved.global_step)
+        logger.warning("Checkpoint saved by %d ranks, running %d: random generators re-seeded with --seed + "
+                       "global step (%d)", len(saved_rng), world, model.session.config.seed + saved.global_step)
     return saved.epoch, saved.global_step, saved.global_data_samples
+
+
+UNIVERSAL_FOLDER = "universal"  # OUT/saved_models/JOB/universal/TAG: TAG converted for another number of ranks
+ZERO_OPTIM_FILE = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt")
+
+
+def zero_partitions(folder):
+    """The number of ranks a ZeRO checkpoint's optimizer states are partitioned over (0: not ZeRO)."""
+    return sum(bool(ZERO_OPTIM_FILE.fullmatch(name)) for name in os.listdir(folder))
+
+
+def universal_resume(cfg):
+    """A ZeRO checkpoint partitioned over another number of ranks than this run's loads through
+    DeepSpeed's universal checkpoint: rank 0 converts the tag a resume will load (once; kept in
+    SOURCE/universal/TAG) with `python -m deepspeed.checkpoint.ds_to_universal`, and the engine is
+    built with checkpoint.load_universal. Returns the RunConfig to build the engine with."""
+    path, tag = resume_source(cfg)
+    if path is None:
+        return cfg
+    tag = resume_candidates(path, tag, warn=lambda *_: None)[0]
+    folder = os.path.join(path, tag)
+    saved = zero_partitions(folder)
+    if not saved or saved == cfg.ranks.world:
+        return cfg
+    target = os.path.join(path, UNIVERSAL_FOLDER, tag)
+    if cfg.ranks.is_main and not os.path.isfile(os.path.join(target, COMPLETE_MARKER)):
+        logger.info("%s: ZeRO states of %d ranks, this run has %d: converting to a universal checkpoint in %s",
+                    folder, saved, cfg.ranks.world, target)
+        shutil.rmtree(target, ignore_errors=True)
+        command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", folder,
+                   "--output_folder", target, "--inject_missing_state"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError(f"{folder}: saved by {saved} ranks with ZeRO, and its conversion for {cfg.ranks.world} "
+                             f"ranks failed ({' '.join(command[1:4])}: {last}); resume on {saved} ranks")
+        write_atomic(os.path.join(target, COMPLETE_MARKER), json.dumps({"tag": tag, "from": folder}))
+    _barrier()
+    checkpoint = {**cfg.ds_config.get("checkpoint", {}), "load_universal": True}
+    return dataclasses.replace(cfg, ds_config={**cfg.ds_config, "checkpoint": checkpoint})
 
 
 def resume_source(cfg):
@@ -802,6 +909,8 @@ def load_checkpoint(args, model):
     state = model.session.state
     if path is None:
         return state.epoch
+    if cfg.ds_config.get("checkpoint", {}).get("load_universal"):  # converted by universal_resume
+        path, tag = os.path.join(path, UNIVERSAL_FOLDER), resume_candidates(path, tag, warn=lambda *_: None)[0]
     epoch, step, samples = load_training_checkpoint(args, model, path, tag)
     logger.info("Resumed at epoch %d (micro-batch %d), global step %d, %d samples", epoch + 1,
                 state.epoch_micro_step, step, samples)
@@ -1348,7 +1457,11 @@ def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=Fal
     if index != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
         state.epoch, state.epoch_micro_step = index, 0
     start = state.epoch_micro_step
-    refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start)
+    if start == 0:  # an epoch begins on this run's layout
+        state.plan_world = state.plan_micro_batch = state.plan_grad_accum = 0
+    plan = state.epoch_plan()
+    refs, local_total = pretrain_dataset_provider.get_shard(index, start_batch=start,
+                                                            **({"plan": plan} if plan else {}))
     pretrain_dataset_provider.prefetch_shard(index + 1)
     total = agreed_step_count(local_total, engine.device)
     if total < local_total:
@@ -1541,6 +1654,25 @@ def main(argv=None):
     except StopTraining as e:
         logger.error("%s", e)
         raise SystemExit(e.exit_code) from None
+    except RuntimeError as e:
+        # A collective failed: a peer rank died (its connection closed) or hung past --dist_timeout.
+        # The launcher's own line names the rank that exited; re-run with --auto_resume.
+        if not is_collective_failure(e) or "--debug" in (sys.argv if argv is None else argv):
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"error: rank {Ranks.current().rank}: lost the other ranks ({type(e).__name__}: {reason[:300]}); a "
+              f"rank died or did not answer within --dist_timeout {args.dist_timeout:g} s. Re-run with "
+              f"--auto_resume to continue from the last checkpoint", file=sys.stderr)
+        raise SystemExit(5) from None
+
+
+def is_collective_failure(error):
+    """Whether `error` came out of torch.distributed: its errors (a timeout is a DistError) or one
+    of gloo's RuntimeErrors (a peer's connection closed) raised inside a collective."""
+    if isinstance(error, dist.DistError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames[-3:])
 
 
 def _main(args):
@@ -1558,7 +1690,7 @@ def _main(args):
         _check_optimizer_support(cfg.ds_config, cfg.deepspeed_config)  # 1-bit / fp16 need CUDA
         provider = build_provider(args)  # opens and checks the data before the model is built
         validation = check_run_inputs(cfg, provider)
-        model, optimizer = prepare_model_optimizer(args, cfg)
+        model, optimizer = prepare_model_optimizer(args, universal_resume(cfg))
         session = model.session
         session.validation_set = validation
         start_epoch = load_checkpoint(args, model)

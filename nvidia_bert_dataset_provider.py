@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
-from bert_dataset_provider import BertDatasetProviderInterface, ignore_stop_signals, stop_signals_held
+from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, ignore_stop_signals, remap_epoch,
+                                   stop_signals_held)
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from utils import get_rank_and_world, set_seeds
@@ -253,16 +254,50 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._future = None
         return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
 
-    def get_shard(self, index, *, start_batch=0):
-        """(iterator over the epoch's micro batches from `start_batch` on, micro batches left)."""
+    def _order(self, num_samples, index, rank):
+        """The epoch's sample order of a rank's shard. It depends on (seed, epoch, rank) only, so a
+        resumed epoch can skip the batches already trained on without reading them."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index * 1009 + rank)
+        return torch.randperm(num_samples, generator=generator)
+
+    def get_shard(self, index, *, start_batch=0, plan=None):
+        """(iterator over the epoch's micro batches from `start_batch` on, micro batches left).
+        `plan`: the layout the epoch started with, when the run resumed it on another one."""
+        layout = EpochPlan(self.world, self.micro_batch, self.grad_accum)
+        if plan is not None and plan != layout:
+            return self._remapped_shard(index, start_batch, plan, layout)
         dataset = self._dataset(index)
-        # The order of an epoch depends on (seed, epoch, rank) only, so a resumed epoch can
-        # skip the batches already trained on without reading them.
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index * 1009 + self.rank)
-        order = torch.randperm(len(dataset), generator=generator)[start_batch * self.micro_batch:]
+        order = self._order(len(dataset), index, self.rank)[start_batch * self.micro_batch:]
+        return self._open_loader(dataset, index, order.tolist(), start_batch)
+
+    def _remapped_shard(self, index, start_batch, plan, layout):
+        """The rest of an epoch begun on `plan`: the shards every plan rank read, in one dataset,
+        their micro batches dealt out over this run's ranks (remap_epoch)."""
+        self._future = None
+        paths = [self.files[shard_file_index(index, r, plan.world, len(self.files))] for r in range(plan.world)]
+        unique = list(dict.fromkeys(paths))
+        arrays = [read_hdf5_shard(path, self.max_seq_length) for path in unique]
+        offsets = np.cumsum([0] + [len(a["input_ids"]) for a in arrays])
+        rows = []
+        for r, path in enumerate(paths):
+            i = unique.index(path)
+            n = len(arrays[i]["input_ids"]) // plan.micro_batch * plan.micro_batch
+            rows.append(offsets[i] + self._order(len(arrays[i]["input_ids"]), index, r)[:n].numpy()
+                        .reshape(-1, plan.micro_batch))
+        mine, unused = remap_epoch(rows, plan, start_batch // self.grad_accum, layout, self.rank)
+        if unused:
+            logger.warning("Epoch %d: %d samples of its last partial step fill no micro batch on every rank; "
+                           "unused", index + 1, unused)
+        dataset = PretrainingHdf5Dataset({k: np.concatenate([a[k] for a in arrays]) for k in HDF5_KEYS},
+                                         " + ".join(unique), self.vocab_size)
+        logger.info("Epoch %d began on %d ranks x micro batch %d x accumulation %d: its remaining %d steps "
+                    "dealt over this run's %d ranks", index + 1, *plan, len(mine) // self.grad_accum, self.world)
+        return self._open_loader(dataset, index, mine.reshape(-1).tolist(), start_batch)
+
+    def _open_loader(self, dataset, index, order, start_batch):
         self._loader = DataLoader(
             dataset,
-            sampler=order.tolist(),
+            sampler=order,
             # its own generator: creating the iterator must not draw from the global torch RNG
             # (dropout), or a resumed run would diverge from the uninterrupted one
             generator=torch.Generator().manual_seed(self.seed + index),

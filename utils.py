@@ -62,6 +62,10 @@ def get_argument_parser():
         help="logging level of rank 0 (other ranks log warnings and errors)")
     add("--debug", action="store_true", default=False,
         help="show Python tracebacks for input errors instead of one error line")
+    add("--dist_timeout", type=float, default=1800.0,
+        help="seconds a collective (all-reduce, barrier, the start-up rendezvous) may wait for the other "
+             "ranks before this rank gives up with an error line (exit code 5): a rank that died or hangs "
+             "ends the job instead of stalling it")
 
     # Learning rate
     # the schedules are deepspeed_train.lr_factor's (it refuses a name it does not know)

@@ -67,13 +67,13 @@ def test_use_pretrain_never_unpickles_a_checkpoint(one_step, data_root, tmp_path
     assert "mp_rank_00_model_states.pt: does not load with torch.load(weights_only=True)" in line
 
 
-def test_resume_inside_an_epoch_with_another_micro_batch_is_refused(one_step, data_root, tmp_path, capsys):
+def test_resume_inside_an_epoch_with_another_global_batch_is_refused(one_step, data_root, tmp_path, capsys):
     out = tmp_path / "out"
     shutil.copytree(one_step, out)
-    same_global_batch = ds_config(tmp_path, train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=2)
-    line = run_expect_error(capsys, data_root, out, same_global_batch, "--auto_resume")
-    assert "step1: saved inside epoch 1 (after 1 micro-batches) with micro batch 16 x gradient accumulation 1" in line
-    assert "this run has 8 x 2" in line
+    half_the_global_batch = ds_config(tmp_path, train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=1)
+    line = run_expect_error(capsys, data_root, out, half_the_global_batch, "--auto_resume")
+    assert ("step1: saved inside epoch 1 (after 1 optimizer steps) with a global batch of 16 (1 ranks x micro "
+            "batch 16 x gradient accumulation 1); this run's is 8 (1 x 8 x 1)") in line
     assert sorted(os.listdir(out / "saved_models" / JOB)) == ["latest", "step1"]
 
 

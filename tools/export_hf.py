@@ -121,7 +121,12 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     """Run ours and the HF model on a padded batch; returns the max |difference| of the MLM
     scores at real positions (raises if above tolerance)."""
     ours = BertForPreTrainingPreLN(config)
-    ours.load_state_dict(state_dict, strict=True)
+    # the pooler, which no optimizer group holds, is not in a gathered ZeRO stage 3 checkpoint;
+    # the export leaves it out anyway, and the MLM scores compared here do not use it
+    missing, unexpected = ours.load_state_dict(state_dict, strict=False)
+    if unexpected or set(missing) - set(HF_MISSING_KEYS):
+        raise ConversionError(f"the checkpoint's weights do not fit the model: missing "
+                              f"{sorted(set(missing) - set(HF_MISSING_KEYS))[:4]}, unexpected {unexpected[:4]}")
     ours.eval()
     hf_model.eval()
     g = torch.Generator().manual_seed(seed)

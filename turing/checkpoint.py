@@ -20,6 +20,7 @@ import zipfile
 
 import numpy as np
 import torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError
 from turing.jsonfile import read_json
@@ -28,6 +29,7 @@ from turing.kernel_layout import from_transformer_kernel_layout
 logger = logging.getLogger(__name__)
 
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"  # ZeRO stages 0-2: the whole module, model-parallel rank 0
+ZERO3_MODEL_STATES_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO stage 3: rank 0's partition
 COMPLETE_MARKER = "checkpoint_complete.json"
 ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
 
@@ -188,13 +190,14 @@ def _read_json_if_present(path):
 
 def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None, folder_flag=None, tag_flag=None):
     """The folder of the checkpoint to read weights from: checkpoint_dir itself when it is a tag
-    folder (holds MODEL_STATES_FILE), else the first of `resume_candidates` (the trainer's rule:
+    folder (holds MODEL_STATES_FILE, or ZeRO stage 3's partitions), else the first of `resume_candidates` (the trainer's rule:
     the tag asked for or the one `latest` names, complete checkpoints first, an older loadable
     one where it is cut short, with a warning)."""
     checkpoint_dir = os.fspath(checkpoint_dir)
     if not os.path.isdir(checkpoint_dir):
         raise CheckpointNotFoundError(f"{checkpoint_dir}: checkpoint folder not found")
-    if tag is None and os.path.isfile(os.path.join(checkpoint_dir, MODEL_STATES_FILE)):
+    if tag is None and any(os.path.isfile(os.path.join(checkpoint_dir, f))
+                           for f in (MODEL_STATES_FILE, ZERO3_MODEL_STATES_FILE)):
         return checkpoint_dir
     notes = []  # warnings, given only when a checkpoint is found (an error stays one line)
     usable = resume_candidates(checkpoint_dir, tag, warn=lambda *note: notes.append(note), folder_flag=folder_flag,
@@ -260,6 +263,8 @@ def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
     """
     folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
     path = os.path.join(folder, MODEL_STATES_FILE)
+    if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ZERO3_MODEL_STATES_FILE)):
+        return _gathered_zero3_state(folder, unpickle_fallback)
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
                                       "checkpoint of one model-parallel rank)")
@@ -280,6 +285,25 @@ def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
     args = _read_json_if_present(os.path.join(folder, "args.json"))
     logger.info("Read %d tensors from %s", len(state), path)
     return state, job_config, args
+
+
+def _gathered_zero3_state(folder, unpickle_fallback):
+    """The weights of a ZeRO stage 3 checkpoint (partitioned over its ranks' files), gathered by
+    DeepSpeed's zero_to_fp32, which reads the files with the full unpickler: only where the caller
+    allows it (export_hf), with a warning; --use_pretrain refuses it and names the way round."""
+    if not unpickle_fallback:
+        raise ConversionError(f"{folder}: a ZeRO stage 3 checkpoint (weights partitioned over its ranks' files), "
+                              f"which DeepSpeed gathers only with the full unpickler; export it first "
+                              f"(python -m tools.export_hf --checkpoint_dir {folder} --output_dir EXPORT) and give "
+                              f"the export as bert_model_file")
+    logger.warning("%s: gathering ZeRO stage 3 partitions with DeepSpeed's zero_to_fp32 (full unpickler: "
+                   "trusts the files)", folder)
+    parent, tag = os.path.split(os.path.normpath(folder))
+    gathered = get_fp32_state_dict_from_zero_checkpoint(parent, tag)
+    state = {k[len("module."):] if k.startswith("module.") else k: v.float() for k, v in gathered.items()}
+    state = from_transformer_kernel_layout(state)
+    return (state, _read_json_if_present(os.path.join(folder, "job_config.json")),
+            _read_json_if_present(os.path.join(folder, "args.json")))
 
 
 def read_state_dict_file(path):
