@@ -440,12 +440,37 @@ def bound_collectives(seconds):
     return timeout
 
 
+SHM_ALLREDUCE_NAME = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
+
+
+def release_shm_allreduce_name():
+    """Remove the name of this rank's shared-memory all-reduce buffer once every rank holds it.
+
+    On the CPU accelerator, when all ranks are on one machine (LOCAL_SIZE == WORLD_SIZE, as the
+    launcher sets), DeepSpeed gives each rank a 67 MB buffer in /dev/shm, which every peer maps
+    during init_distributed, and never unlinks it: each run leaves 67 MB per rank of RAM behind,
+    a killed run too, until /dev/shm fills the machine's memory. After a barrier every rank has
+    mapped every peer's buffer, so the names can go; the mappings stay valid until the
+    processes end, and nothing is left behind whatever way the run ends."""
+    env = os.environ
+    if get_accelerator().device_name() != "cpu" or env.get("LOCAL_SIZE") != env.get("WORLD_SIZE"):
+        return
+    dist.barrier()
+    name = SHM_ALLREDUCE_NAME.format(uid=os.getuid(), addr=env.get("MASTER_ADDR", ""),
+                                     port=env.get("MASTER_PORT", ""), rank=dist.get_rank())
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass  # released by an earlier call, or DeepSpeed did not create one
+
+
 def setup_distributed(args):
     """The process group (one rank when started without the launcher) and the batch sizes in
     `args` (train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed will
     derive them from its config; returns this process's Ranks. Safe to call again."""
     ensure_process_group_env()
     deepspeed.init_distributed(timeout=bound_collectives(args.dist_timeout))
+    release_shm_allreduce_name()
     ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
         args.ds_config, ranks.world, args.deepspeed_config)

@@ -1,6 +1,8 @@
 """End to end through the real `deepspeed` launcher on tiny hdf5 shards made here:
 loss falls, per-epoch checkpoint tags, TensorBoard tags, resume, the two-phase recipe."""
+import glob
 import os
+import re
 
 import pytest
 
@@ -160,3 +162,6 @@ def test_two_ranks_unequal_shards_with_validation(tmp_path):
     assert log.count("Validation epoch") == 2
     assert sorted(os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")) == \
         ["epoch1_step3", "epoch2_step6", "latest"]
+    # DeepSpeed's CPU all-reduce buffers (67 MB of RAM per rank in /dev/shm) are not left behind
+    port = re.search(r"--master_port[= ](\d+)", log).group(1)
+    assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{port}_*")
