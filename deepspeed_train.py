@@ -470,6 +470,8 @@ def setup_distributed(args):
     derive them from its config; returns this process's Ranks. Safe to call again."""
     ensure_process_group_env()
     deepspeed.init_distributed(timeout=bound_collectives(args.dist_timeout))
+    if get_accelerator().device_name() != "cpu":  # collectives before the engine's, on this rank's GPU
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     release_shm_allreduce_name()
     ranks = Ranks.current()
     args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = resolve_batch_sizes(
@@ -1223,6 +1225,38 @@ def check_run_inputs(cfg, provider):
     return validation
 
 
+SHARED_PROBE = ".shared_probe"  # OUT/saved_models/JOB/.shared_probe.HOST.PID, during the check
+
+
+def check_output_shared(cfg):
+    """Every rank must see the folder rank 0 writes checkpoints to: a checkpoint is the files of
+    all ranks (ZeRO's partitions, each node's fsync) plus rank 0's marker and `latest`, and a
+    resume reads them back on any node. Rank 0 writes a probe file there with a token only this
+    run knows; a rank that does not find it (a node-local --output_dir on a multi-node job) stops
+    every rank with one line naming the ranks and hosts, before anything is trained or written."""
+    if cfg.ranks.world == 1:
+        return
+    mine = None
+    if cfg.ranks.is_main:  # a name and a content of this run's own, whatever else runs there
+        mine = (os.path.join(cfg.saved_model_path, f"{SHARED_PROBE}.{socket.gethostname()}.{os.getpid()}"),
+                str(time.time_ns()))
+        write_atomic(*mine)
+    probe, token = _all_ranks(mine)[0]
+    try:
+        with open(probe, encoding="utf-8") as f:
+            seen = f.read() == token
+    except OSError:
+        seen = False
+    seen_by = _all_ranks((seen, socket.gethostname()))
+    if cfg.ranks.is_main:
+        os.remove(probe)
+    blind = [f"rank {rank} on {host}" for rank, (ok, host) in enumerate(seen_by) if not ok]
+    if blind:
+        raise InputError(f"--output_dir {cfg.output_dir}: {', '.join(blind)} cannot see the files rank 0 writes to "
+                         f"{cfg.saved_model_path}; checkpoints need a folder every node sees (a shared file "
+                         f"system), not node-local scratch")
+
+
 def claim_job_folder(cfg):
     """One run per OUT/saved_models/JOB at a time; returns the lock (an open file; the run
     holds it until it closes it or ends, however it ends, as the OS then drops it), or None
@@ -1708,6 +1742,7 @@ def _main(args):
         os.makedirs(cfg.saved_model_path, exist_ok=True)
         logger.info("Arguments: %s", json.dumps(cfg.arguments, default=str))
         logger.info("Job config: %s", json.dumps(cfg.config))
+    check_output_shared(cfg)
     lock = claim_job_folder(cfg)  # before anything else is written there
     provider = session = None
     try:

@@ -29,13 +29,22 @@ def long_cf(tmp_path_factory):
     return path
 
 
-def start_nodes(hostfile, train_args, logs):
-    """Both nodes' launchers (each in its own session, like a process on another machine)."""
+def start_nodes(hostfile, train_args, logs, folders=(REPO, REPO)):
+    """Both nodes' launchers (each in its own session, like a process on another machine), node i
+    started in folders[i]."""
     port = str(free_port())
-    return [subprocess.Popen(["bash", "scripts/launch_node.sh", str(hostfile), str(node), "127.0.0.1", port,
-                              "deepspeed_train.py", *map(str, train_args)], cwd=REPO, env={**launch_env(), "DIST_TIMEOUT": str(TIMEOUT)},
-                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-            for node, log in enumerate(logs)]
+    script = os.path.join(REPO, "scripts", "launch_node.sh")
+    return [subprocess.Popen(["bash", script, str(hostfile), str(node), "127.0.0.1", port,
+                              os.path.join(REPO, "deepspeed_train.py"), *map(str, train_args)], cwd=folder,
+                             env={**launch_env(), "DIST_TIMEOUT": str(TIMEOUT)}, stdout=open(log, "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+            for node, (log, folder) in enumerate(zip(logs, folders))]
+
+
+def two_hosts(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # two names, both this machine
+    return hostfile
 
 
 def rank_of_node(launcher):
@@ -57,8 +66,7 @@ def test_two_nodes_equal_two_ranks_and_a_hung_rank_ends_the_job(data_root, long_
     ref = {s: loss for s, loss, _, _ in progress(reference.stdout + reference.stderr)}
     assert sorted(ref) == list(range(1, STEPS + 1))
 
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # two names, both this machine
+    hostfile = two_hosts(tmp_path)
     out = tmp_path / "two_nodes"
     train = tiny_args(data_root, out, 128, "--cf", long_cf, "--checkpoint_every_steps", 2, *args)
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
@@ -95,3 +103,21 @@ def test_two_nodes_equal_two_ranks_and_a_hung_rank_ends_the_job(data_root, long_
     assert sorted(resumed) == list(range(checkpoint + 1, STEPS + 1))
     assert all(abs(resumed[s] - ref[s]) < 1e-5 for s in resumed), (resumed, ref)
     assert "Validation at step 12" in log and os.path.isdir(out / "saved_models" / "tiny_bert" / "epoch3_step12")
+
+
+def test_a_node_local_output_folder_stops_the_job_before_training(data_root, tmp_path):
+    """--output_dir out, relative: each node's launcher starts in its own folder, as on nodes whose
+    working folder is local scratch. Every rank stops with one line naming the rank that cannot
+    see rank 0's files; nothing is trained and no checkpoint is begun."""
+    folders = [tmp_path / "node0_scratch", tmp_path / "node1_scratch"]
+    for folder in folders:
+        folder.mkdir()
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    nodes = start_nodes(two_hosts(tmp_path), tiny_args(data_root, "out", 128, "--max_steps", 2), logs, folders)
+    codes = [node.wait(timeout=300) for node in nodes]
+    log = logs[0].read_text()
+    assert codes[0] != 0 and codes[1] != 0, log[-3000:]
+    assert re.search(r"error: --output_dir out: rank 1 on \S+ cannot see the files rank 0 writes to "
+                     r"out/saved_models/tiny_bert; checkpoints need a folder every node sees", log), log[-3000:]
+    assert not progress(log) and not progress(logs[1].read_text())
+    assert os.listdir(folders[0] / "out" / "saved_models" / "tiny_bert") == []
