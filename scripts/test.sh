@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-exec "${PYTHON:-python3}" -m pytest -q tests/ "$@"
+# two workers, one test file each at a time (module fixtures built once); `-n 0` runs serially
+exec "${PYTHON:-python3}" -m pytest -q -n 2 --dist loadfile tests/ "$@"
