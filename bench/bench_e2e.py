@@ -2,7 +2,7 @@
 
 Owns nothing used in training. It writes, in a temporary folder, a vocab and learnable
 synthetic shards (testkit/synthetic.py) in both formats (NVIDIA hdf5 and Bing numpy), a job
-config whose `bert_model_config` is configs/demo's (the anchor model: 4 layers, 256 hidden,
+config whose `bert_model_config` is configs/demo_original's (the anchor model: 4 layers, 256 hidden,
 4 heads, 1024 intermediate; vocab 30,528 by default) and a DeepSpeed config with
 `--batch` as the micro batch. Then, for each provider, it runs `deepspeed deepspeed_train.py
 ... --max_steps N` and reads back what the script itself measures every 20 steps:
@@ -52,7 +52,7 @@ def parse_args(argv=None):
     add("--max_pred", type=int, default=20)
     add("--vocab_words", type=int, default=30517,
         help="words in the generated vocab besides 5 specials (30517 -> model vocab 30,528)")
-    add("--model_config", default=os.path.join(REPO, "configs", "demo", "bert_config.json"),
+    add("--model_config", default=os.path.join(REPO, "configs", "demo_original", "bert_config.json"),
         help="job config whose bert_model_config sizes the model")
     add("--sync_data", action="store_true", help="turn the AsyncWorker off (drop the async_worker key)")
     add("--plain_adam", action="store_true",
