@@ -51,7 +51,7 @@ RECIPES = {
                  "validation_every_steps": 50},
     # The demo's recipe: keep in step with the training flags of scripts/demo.sh.
     "demo": {"cf": "configs/demo/bert_config.json", "ds": "configs/demo/ds_config.json",
-             "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "40"],
+             "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "52"],
              "validation_every_steps": 100},
 }
 

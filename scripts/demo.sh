@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job, on the CPU: set up; build the demo corpus from text that ships with
 # Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh); pretrain a
-# small BERT through the deepspeed launcher with the demo's recipe (configs/demo: 30% masking,
+# small BERT through the deepspeed launcher with the demo's recipe (configs/demo: 2 layers, 40% masking,
 # MLM only, warmup-stable-decay, no dropout); write its plot and print its validation MLM
 # accuracy; then fine-tune it and a randomly initialised twin on the offline probe suite and
 # print both scores side by side (what pretraining bought).
@@ -18,7 +18,7 @@ launcher=$(command -v deepspeed || echo "$PY -m deepspeed.launcher.runner")
 $launcher --num_gpus 1 deepspeed_train.py \
   --cf configs/demo/bert_config.json --deepspeed --deepspeed_config configs/demo/ds_config.json \
   --use_nvidia_dataset --data_path_prefix "$WORK" --validation_data_path_prefix "$WORK" \
-  --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 40 --lr_schedule WSD \
+  --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 52 --lr_schedule WSD \
   --validation_every_steps 100 --print_steps 20 --auto_resume "${@:2}"
 "$PY" -m tools.plot_run "$WORK/out/runs/demo_bert" --output "$WORK/out/demo_loss.png"
 

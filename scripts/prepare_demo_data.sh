@@ -4,7 +4,7 @@
 # WordPiece vocab and NVIDIA hdf5 shards at seq 128, all with the same vocab and split.
 #   WORK/nvidia/        vocab.txt, train/ (15% of the tokens masked, the original's recipe),
 #                       validation/ (15%: every recipe validates on it)
-#   WORK/nvidia_mlm30/  train/ with 30% of the tokens masked (the demo's recipe)
+#   WORK/nvidia_mlm40/  train/ with 40% of the tokens masked (the demo's recipe)
 # Usage: bash scripts/prepare_demo_data.sh [WORK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +16,9 @@ if [ ! -f "$WORK/nvidia/vocab.txt" ]; then
     --build_vocab 8000 --max_seq_length 128 --max_predictions_per_seq 20 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
 fi
-if [ ! -d "$WORK/nvidia_mlm30/train" ]; then
+if [ ! -d "$WORK/nvidia_mlm40/train" ]; then
   # the same documents held out (same --validation_fraction), its own validation copy unused
-  "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm30" --format nvidia \
-    --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.3 --max_predictions_per_seq 40 --num_shards 2 \
+  "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm40" --format nvidia \
+    --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.4 --max_predictions_per_seq 52 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
 fi
