@@ -42,9 +42,9 @@ from bert_dataset_provider import EpochPlan
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from turing.batch import Batch, collate_batch
-from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, complete_tags, engine_tags, holds_checkpoints,
-                               load_checkpoint_state, numpy_array_globals, prune_interval_checkpoints,
-                               read_state_dict_file, resume_candidates, sync_folder, write_atomic)
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, check_weights_only, complete_tags, engine_tags,
+                               holds_checkpoints, load_checkpoint_state, prune_interval_checkpoints,
+                               read_state_dict_file, resume_candidates, sync_folder, weights_only_loads, write_atomic)
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputError
 from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
@@ -58,6 +58,7 @@ from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
+REPO = os.path.dirname(os.path.abspath(__file__))
 
 NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
                   # DeepSpeed transformer-kernel names
@@ -381,6 +382,7 @@ class RunConfig:
     auto_resume: bool
     load_training_checkpoint: Optional[str]
     load_checkpoint_id: Optional[str]
+    trust_checkpoint: bool
     ckpt_to_save: Optional[tuple]
     checkpoint_every_steps: int
     keep_last_checkpoints: int
@@ -538,7 +540,7 @@ def load_pretrained_weights(cfg, network):
     if is_hf_folder(path):
         state_dict, _ = load_hf_folder(path)
     elif os.path.isdir(path):
-        state_dict, _, _ = load_checkpoint_state(path, unpickle_fallback=False)
+        state_dict, _, _ = load_checkpoint_state(path)
     else:
         state_dict = read_state_dict_file(path)
     if getattr(network.bert.encoder, "uses_transformer_kernel", False):
@@ -736,14 +738,18 @@ def checkpoint_not_written(cfg, folder, error, ranks):
 
 def load_first_loadable(model, path, tag):
     """Load the first of resume_candidates(path, tag) that the engine loads and whose client
-    state holds the run position; returns (tag, client state). Those that fail are warned about."""
+    state holds the run position; returns (tag, client state). Those that fail are warned about.
+    Every file of a candidate loads weights-only, or the run stops (unless --trust_checkpoint)."""
     failed = []
+    trust = model.session.config.trust_checkpoint
     for candidate in resume_candidates(path, tag):
         folder = os.path.join(path, candidate)
         logger.info("Restoring checkpoint %s", folder)
-        check_checkpoint_fits(model, folder)  # another model size: one line, no fall-back
+        check_weights_only(folder, trust)  # a file that would run code: one line, no fall-back
+        check_checkpoint_fits(model, folder)  # another model size: likewise
         try:
-            _, client_state = model.network.load_checkpoint(path, candidate)
+            with weights_only_loads(trust):  # DeepSpeed asks for the full unpickler
+                _, client_state = model.network.load_checkpoint(path, candidate)
         except Exception as e:  # noqa: BLE001 - torch and DeepSpeed raise many types for a file they cannot read
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         else:
@@ -769,7 +775,7 @@ def check_checkpoint_fits(model, folder):
     not read; a file this check cannot open is left to DeepSpeed."""
     path = os.path.join(folder, MODEL_STATES_FILE)
     try:
-        with torch.serialization.safe_globals(numpy_array_globals()):
+        with weights_only_loads():
             saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         module = saved["module"]
         theirs = {k: tuple(v.shape) for k, v in module.items() if torch.is_tensor(v) and v.numel()}
@@ -897,14 +903,18 @@ def universal_resume(cfg):
     if cfg.ranks.is_main and not os.path.isfile(os.path.join(target, COMPLETE_MARKER)):
         logger.info("%s: ZeRO states of %d ranks, this run has %d: converting to a universal checkpoint in %s",
                     folder, saved, cfg.ranks.world, target)
+        check_weights_only(folder, cfg.trust_checkpoint)
         shutil.rmtree(target, ignore_errors=True)
-        command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", folder,
+        # ds_to_universal unpickles in full: run it with every load weights-only (turing.safe_run)
+        runner = ["-m"] if cfg.trust_checkpoint else ["-m", "turing.safe_run"]
+        command = [sys.executable, *runner, "deepspeed.checkpoint.ds_to_universal", "--input_folder", folder,
                    "--output_folder", target, "--inject_missing_state"]
-        done = subprocess.run(command, capture_output=True, text=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH"))))}
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise InputError(f"{folder}: saved by {saved} ranks with ZeRO, and its conversion for {cfg.ranks.world} "
-                             f"ranks failed ({' '.join(command[1:4])}: {last}); resume on {saved} ranks")
+                             f"ranks failed (ds_to_universal: {last}); resume on {saved} ranks")
         write_atomic(os.path.join(target, COMPLETE_MARKER), json.dumps({"tag": tag, "from": folder}))
     _barrier()
     checkpoint = {**cfg.ds_config.get("checkpoint", {}), "load_universal": True}

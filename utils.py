@@ -86,6 +86,10 @@ def get_argument_parser():
         help="epoch numbers to checkpoint (default: every epoch)")
     add("--use_pretrain", action="store_true", default=False,
         help="start the encoder from the job config's bert_model_file")
+    add("--trust_checkpoint", action="store_true", default=False,
+        help="unpickle checkpoint files in full, which runs any code they hold: only for checkpoints you wrote "
+             "yourself that hold Python objects beyond tensors (other DeepSpeed versions); by default every file "
+             "must load with torch.load(weights_only=True)")
     add("--checkpoint_every_steps", type=int, default=0,
         help="also checkpoint every N optimizer steps (tag step{S}); 0 = only per epoch")
     add("--keep_last_checkpoints", type=int, default=0,

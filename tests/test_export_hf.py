@@ -110,6 +110,19 @@ def test_exported_folder_has_model_tokenizer_and_readme(exported):
     assert "pooler" in readme and "next-sentence" in readme and "padding row" in readme
 
 
+def test_exported_files_are_readable_as_the_umask_says(tiny_run, tmp_path):
+    """Other users of a shared cluster read the export: under umask 022 every file is 0644
+    (safetensors writes its file 0600 on its own)."""
+    old = os.umask(0o022)
+    try:
+        assert export_hf.main(["--checkpoint_dir", tiny_run["ckpt"], "--output_dir", str(tmp_path / "hf"),
+                               "--no_verify"]) == 0
+    finally:
+        os.umask(old)
+    modes = {name: os.stat(tmp_path / "hf" / name).st_mode & 0o777 for name in os.listdir(tmp_path / "hf")}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
 def test_hf_logits_equal_ours_at_real_positions(exported, ours):
     model, _, _ = ours
     hf = transformers.AutoModelForMaskedLM.from_pretrained(exported, local_files_only=True).eval()

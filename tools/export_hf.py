@@ -57,6 +57,9 @@ def build_parser():
                              "or its vocab file has moved")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --output_dir, replacing the files the export writes there")
+    parser.add_argument("--trust_checkpoint", action="store_true",
+                        help="unpickle the checkpoint's files in full, which runs any code they hold: only for a "
+                             "checkpoint you wrote yourself that does not load weights-only (other DeepSpeed versions)")
     parser.add_argument("--no_verify", action="store_true",
                         help="skip running both models on a test batch before writing")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -203,6 +206,12 @@ What differs from the training checkpoint:
 """
 
 
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_output_dir(output_dir, overwrite):
     """Refuse a non-empty --output_dir (it may hold another model's README.md or config.json)
     unless --overwrite; returns what is there already."""
@@ -216,8 +225,9 @@ def check_output_dir(output_dir, overwrite):
     return present
 
 
-def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False):
-    """Write the Hugging Face folder; returns a dict summarising what was written."""
+def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False, trust=False):
+    """Write the Hugging Face folder; returns a dict summarising what was written. The checkpoint
+    is read weights-only; `trust` (--trust_checkpoint): with the full unpickler."""
     try:
         from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM  # optional, slow to import
     except ImportError as e:
@@ -225,7 +235,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     present = check_output_dir(output_dir, overwrite)
 
     tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag, folder_flag="--checkpoint_dir", tag_flag="--tag")
-    state_dict, job_config, run_args = load_checkpoint_state(tag_dir)
+    state_dict, job_config, run_args = load_checkpoint_state(tag_dir, trust=trust)
     cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
     if job_config is not None:
         source = os.path.join(tag_dir, "job_config.json")
@@ -272,7 +282,9 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
                 vocab_real=vocab_real, vocab_dropped=config.vocab_size - vocab_real,
                 vocab_padded=config.vocab_size, lower=do_lower_case))
         written = sorted(os.listdir(staging))
+        mode = 0o666 & ~current_umask()  # safetensors writes its file 0600: readable as the umask says, like the rest
         for name in written:
+            os.chmod(os.path.join(staging, name), mode)
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -289,7 +301,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         summary = export(args.checkpoint_dir, args.output_dir, args.tag, args.config_file,
-                         check=not args.no_verify, overwrite=args.overwrite)
+                         check=not args.no_verify, overwrite=args.overwrite, trust=args.trust_checkpoint)
     except (ValueError, OSError) as e:
         if args.debug:
             raise

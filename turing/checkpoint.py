@@ -9,20 +9,32 @@ complete checkpoint is beside them, and only once they load. One rule picks the 
 every reader (`resume_candidates`): the trainer's resume, `--use_pretrain` of a checkpoint folder,
 tools/export_hf.py and tools/finetune_glue.py.
 
-Weights are read with torch.load(weights_only=True) (`read_torch_file`, `read_state_dict_file`);
-the full unpickler, which can run code from the file, only where a caller allows it, with a warning.
+No file a user hands us runs code. Every torch file is read weights-only: tensors, plain
+containers, numbers and strings, plus the few classes DeepSpeed's own checkpoints hold
+(`checkpoint_globals`), never the full unpickler, which runs whatever a crafted file asks
+(an object whose __reduce__ calls os.system). Before the engine or DeepSpeed's converters read
+a checkpoint, `check_weights_only` reads every *.pt of it that way and refuses the checkpoint
+in one line naming the file and the object it holds; the readers themselves run under
+`weights_only_loads`, which makes torch.load weights-only even where DeepSpeed asks for the
+full unpickler, so a file changed after the check cannot run code either. The full unpickler
+is used only when the user says they trust the files (--trust_checkpoint).
 """
+import contextlib
 import logging
 import os
+import pickle
 import re
 import shutil
 import zipfile
 
 import numpy as np
 import torch
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError
+from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError, UnsafeCheckpointError
 from turing.jsonfile import read_json
 from turing.kernel_layout import from_transformer_kernel_layout
 
@@ -32,6 +44,8 @@ MODEL_STATES_FILE = "mp_rank_00_model_states.pt"  # ZeRO stages 0-2: the whole m
 ZERO3_MODEL_STATES_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO stage 3: rank 0's partition
 COMPLETE_MARKER = "checkpoint_complete.json"
 ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
+FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # torch: every torch.load weights-only, whatever it is asked
+TRUST_FLAG = "--trust_checkpoint"  # the user trusts the files: the full unpickler
 
 def _fsync(path):
     fd = os.open(path, os.O_RDONLY)
@@ -216,6 +230,80 @@ def numpy_array_globals():
         if hasattr(getattr(np, "dtypes", None), name)]
 
 
+def checkpoint_globals():
+    """The classes besides tensors and plain values that DeepSpeed's checkpoints hold, allowed in
+    weights-only loads: the loss scalers of the optimizer states (fp16, ZeRO), ZeRO's stage enum,
+    the bf16 optimizer's fragment addresses, and numpy arrays. Allowing a class lets a file
+    build an instance of it, nothing else: their constructors only store values."""
+    return numpy_array_globals() + [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads(trust=False):
+    """Inside: every torch.load in this process (and in child processes it starts) is
+    weights-only, whatever its caller passes (torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD), with
+    `checkpoint_globals` allowed. DeepSpeed's engine, zero_to_fp32 and ds_to_universal ask for
+    the full unpickler; here they get the weights-only one. `trust`: leave torch.load as it is."""
+    if trust:
+        yield
+        return
+    saved = os.environ.get(FORCE_WEIGHTS_ONLY)
+    os.environ[FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop(FORCE_WEIGHTS_ONLY, None)
+        else:
+            os.environ[FORCE_WEIGHTS_ONLY] = saved
+
+
+def weights_only_refusal(path):
+    """Why the weights-only unpickler refuses `path` (the objects it holds beyond those allowed),
+    or None when it loads, or fails for another reason (a damaged file, which its reader reports
+    as such). Tensors are mapped, not read."""
+    try:
+        with weights_only_loads():
+            torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return None
+    except pickle.UnpicklingError as e:  # what the weights-only unpickler raises for what it will not build
+        allowed = {f"{g.__module__}.{g.__name__}" for g in checkpoint_globals()}
+        try:
+            unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+        except ValueError:  # torch's legacy (non-zip) format, which it does not scan
+            unsafe = []
+        if unsafe:
+            return f"it holds {', '.join(unsafe[:3])}, which only the full unpickler builds"
+        return load_error_detail(path, e)
+    except Exception:  # noqa: BLE001 - damage: torch raises several types for a file it cannot read
+        return None
+
+
+def check_weights_only(folder, trust=False, flag=TRUST_FLAG):
+    """Refuse the checkpoint in `folder` unless every *.pt under it loads weights-only (an
+    UnsafeCheckpointError naming the first file that does not, and why). `trust` (the user's
+    `flag`) skips the check."""
+    if trust:
+        logger.warning("%s: %s given: its files are unpickled in full, which runs any code they hold", folder, flag)
+        return
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".pt")):
+            path = os.path.join(root, name)
+            if os.path.getsize(path) == 0:
+                continue  # an empty file is damage, which the readers report as such
+            why = weights_only_refusal(path)
+            if why is not None:
+                raise UnsafeCheckpointError(refusal_message(path, why, flag))
+
+
+def refusal_message(path, why, flag):
+    return (f"{path}: does not load with torch.load(weights_only=True) ({why}); not loaded, as unpickling it "
+            f"could run code from the file. If you wrote it yourself (with a DeepSpeed version that saves other "
+            f"objects), pass {flag} to unpickle it in full")
+
+
 def load_error_detail(path, error):
     """Why torch could not load `path`, in a few words: an empty file says so; else the first
     line of the error's message, or its type where it has none (torch gives EOFError())."""
@@ -225,50 +313,39 @@ def load_error_detail(path, error):
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
-def read_torch_file(path, unpickle_fallback=True):
-    """A torch file read with torch.load(weights_only=True) (numpy arrays allowed); where that
-    fails, the full unpickler with a warning, or a ConversionError with unpickle_fallback=False."""
+def read_torch_file(path, trust=False):
+    """A torch file read weights-only (`weights_only_loads`); the full unpickler only with `trust`."""
     if os.path.getsize(path) == 0:
         raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, None)})")
+    if not trust:
+        why = weights_only_refusal(path)
+        if why is not None:
+            raise UnsafeCheckpointError(refusal_message(path, why, TRUST_FLAG))
     try:
-        with torch.serialization.safe_globals(numpy_array_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as first:  # noqa: BLE001 - torch raises several types here
-        if not unpickle_fallback:
-            raise ConversionError(f"{path}: does not load with torch.load(weights_only=True) "
-                                  f"({str(first).splitlines()[0][:200]}); it is not unpickled here, as that "
-                                  f"could run code from the file") from None
-        # DeepSpeed model-state files can hold Python objects beyond tensors, plain containers
-        # and numpy arrays (depending on the DeepSpeed version and config: argparse
-        # Namespaces, enums), which the weights-only unpickler refuses; those need the full
-        # unpickler, which can run code from the file. Only load checkpoints you trust.
-        logger.warning("%s: not loadable weights-only (%s); loading with weights_only=False, "
-                       "which trusts the file", path, load_error_detail(path, first))
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
+        with weights_only_loads(trust):
+            return torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as e:  # noqa: BLE001
+        raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
 
 
-def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
-    """Read the model weights of one of our DeepSpeed checkpoints.
+def load_checkpoint_state(checkpoint_dir, tag=None, trust=False):
+    """Read the model weights of one of our DeepSpeed checkpoints, weights-only (`trust`: the
+    user's --trust_checkpoint, the full unpickler).
 
     checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
-    a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt.
-    The file is read with torch.load(weights_only=True); one that needs the full unpickler
-    (Python objects of other DeepSpeed versions) is then unpickled with a warning, or refused
-    with unpickle_fallback=False.
+    a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt;
+    stage 3 partitions it over its ranks' files, which DeepSpeed's zero_to_fp32 gathers.
     Returns (state_dict in fp32 with the original's keys, job_config dict or None, args dict or None);
     the two dicts come from the job_config.json and args.json saved next to the checkpoint.
     """
     folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
     path = os.path.join(folder, MODEL_STATES_FILE)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ZERO3_MODEL_STATES_FILE)):
-        return _gathered_zero3_state(folder, unpickle_fallback)
+        return _gathered_zero3_state(folder, trust)
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
                                       "checkpoint of one model-parallel rank)")
-    saved = read_torch_file(path, unpickle_fallback)
+    saved = read_torch_file(path, trust)
     if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
         raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
     state = {}
@@ -287,19 +364,14 @@ def load_checkpoint_state(checkpoint_dir, tag=None, unpickle_fallback=True):
     return state, job_config, args
 
 
-def _gathered_zero3_state(folder, unpickle_fallback):
+def _gathered_zero3_state(folder, trust):
     """The weights of a ZeRO stage 3 checkpoint (partitioned over its ranks' files), gathered by
-    DeepSpeed's zero_to_fp32, which reads the files with the full unpickler: only where the caller
-    allows it (export_hf), with a warning; --use_pretrain refuses it and names the way round."""
-    if not unpickle_fallback:
-        raise ConversionError(f"{folder}: a ZeRO stage 3 checkpoint (weights partitioned over its ranks' files), "
-                              f"which DeepSpeed gathers only with the full unpickler; export it first "
-                              f"(python -m tools.export_hf --checkpoint_dir {folder} --output_dir EXPORT) and give "
-                              f"the export as bert_model_file")
-    logger.warning("%s: gathering ZeRO stage 3 partitions with DeepSpeed's zero_to_fp32 (full unpickler: "
-                   "trusts the files)", folder)
+    DeepSpeed's zero_to_fp32, after every file of it was checked to load weights-only and under
+    `weights_only_loads` (zero_to_fp32 asks for the full unpickler)."""
+    check_weights_only(folder, trust)
     parent, tag = os.path.split(os.path.normpath(folder))
-    gathered = get_fp32_state_dict_from_zero_checkpoint(parent, tag)
+    with weights_only_loads(trust):
+        gathered = get_fp32_state_dict_from_zero_checkpoint(parent, tag)
     state = {k[len("module."):] if k.startswith("module.") else k: v.float() for k, v in gathered.items()}
     state = from_transformer_kernel_layout(state)
     return (state, _read_json_if_present(os.path.join(folder, "job_config.json")),

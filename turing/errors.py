@@ -27,3 +27,7 @@ class ConversionError(InputValueError):
 
 class CheckpointNotFoundError(InputFileNotFoundError):
     """A checkpoint folder, tag or file that does not exist; the message names the path."""
+
+
+class UnsafeCheckpointError(ConversionError):
+    """A checkpoint file that does not load weights-only: unpickling it could run code from it."""
