@@ -266,6 +266,7 @@ def check_config_values(args):
         raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
                          f"{model_config.max_position_embeddings} of {args.config_file}")
     _check_value(args.dist_timeout, "--dist_timeout", 0, above=True)
+    _check_value(args.lr_offset, "--lr_offset", -math.inf)  # any finite number: a NaN offset makes every weight NaN
     if args.max_train_hours is not None:
         _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
     for epoch in args.ckpt_to_save or ():
@@ -698,6 +699,8 @@ def save_checkpoint(cfg, model, state, tag):
     folder = os.path.join(cfg.saved_model_path, tag)
     ranks = model.session.ranks
     is_master = ranks.is_main
+    if not parameters_finite(model.network):
+        raise nonfinite_parameters_stop(cfg, tag, state)
     logger.info("Saving checkpoint %s", folder)
     try:
         marker = os.path.join(folder, COMPLETE_MARKER)
@@ -719,6 +722,28 @@ def save_checkpoint(cfg, model, state, tag):
         prune_interval_checkpoints(cfg.saved_model_path, cfg.keep_last_checkpoints, keep=tag)
     _barrier()
     return folder
+
+
+def parameters_finite(engine):
+    """Whether every parameter of the model is finite on every rank (ZeRO stage 3: each rank's
+    partition)."""
+    bad = torch.zeros((), device=engine.device)
+    for p in engine.module.parameters():
+        bad += (~torch.isfinite(getattr(p, "ds_tensor", p).detach())).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad)
+    return bad.item() == 0
+
+
+def nonfinite_parameters_stop(cfg, tag, state):
+    """The end of a run whose parameters are no longer finite: a checkpoint of them would be
+    resumed into the same state, so none is written; the newest one on disk was checked when
+    it was written."""
+    complete = complete_tags(cfg.saved_model_path)
+    newest = (f"the newest checkpoint, {complete[-1]}, holds finite weights: lower the learning rate (or "
+              f"--lr_offset), then re-run with --auto_resume" if complete else "no checkpoint was written before")
+    return StopTraining(f"parameters are not finite at global step {state.global_step} ({state.nonfinite_total} "
+                        f"non-finite losses so far): checkpoint {tag} not written; {newest}", 3)
 
 
 def checkpoint_not_written(cfg, folder, error, ranks):

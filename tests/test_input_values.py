@@ -98,6 +98,10 @@ def test_config_values_no_run_can_mean(capsys, data_root, tmp_path, edit, expect
     ("--print_steps", 0, "--print_steps must be >= 1, got 0"),
     ("--max_steps", -1, "--max_steps must be >= 1, got -1"),
     ("--max_seq_length", 1024, "--max_seq_length 1024 exceeds bert_model_config.max_position_embeddings 512"),
+    ("--lr_offset", "nan", "--lr_offset must be a number, got nan"),
+    ("--lr_offset", "inf", "--lr_offset must be a number, got inf"),
+    ("--max_train_hours", "nan", "--max_train_hours must be a number, got nan"),
+    ("--dist_timeout", "inf", "--dist_timeout must be a number, got inf"),
 ])
 def test_flag_values_no_run_can_mean(capsys, data_root, tmp_path, flag, value, expected):
     def add_seq_1024(config):  # so that --max_seq_length 1024 gets past the config's entries

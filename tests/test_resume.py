@@ -129,3 +129,23 @@ def test_single_nonfinite_step_is_skipped_and_training_goes_on(data_root, tmp_pa
     run = train(data_root, tmp_path, "nvidia")
     assert len(run) == 7                       # 8 micro-batches, one step skipped
     assert all(v == v for _, v in run)         # no NaN reached the logged losses
+
+
+def test_no_checkpoint_is_written_from_nonfinite_weights(data_root, tmp_path, capsys):
+    """An LR offset too large for fp32 (1e39) makes every weight infinite in one step while that
+    step's loss is still finite: the interval checkpoint after it is not written, the run stops
+    (exit 3) naming the newest checkpoint, whose weights are finite, and a resume from there
+    trains on finite weights."""
+    train(data_root, tmp_path, "nvidia", "--max_steps", 2, "--checkpoint_every_steps", 1)
+    with pytest.raises(SystemExit) as stop:
+        train(data_root, tmp_path, "nvidia", "--auto_resume", "--checkpoint_every_steps", 1, "--lr_offset", "1e39")
+    assert stop.value.code == 3
+    err = capsys.readouterr().err
+    assert "parameters are not finite at global step 3" in err and "checkpoint step3 not written" in err
+    assert "the newest checkpoint, step2, holds finite weights" in err
+    assert tags(tmp_path) == ["latest", "step1", "step2"]
+    assert open(tmp_path / "saved_models" / "tiny_bert" / "latest").read() == "step2"
+    weights = _module_weights(tmp_path / "saved_models" / "tiny_bert" / "step2")
+    assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+    train(data_root, tmp_path, "nvidia", "--auto_resume", "--max_steps", 1)
+    assert all(v == v for _, v in losses(tmp_path))
