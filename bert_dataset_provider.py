@@ -1,6 +1,13 @@
 """The interface both pretraining data providers implement (NVIDIA hdf5, Bing numpy).
 
-The step loop drives a provider like this, once per epoch `index`:
+The training loop reads an epoch as an iterator of batches, from a position:
+
+    with provider.epoch(index, start=micro_batches_done, plan=None) as batches:
+        len(batches)                             # micro batches left for this rank
+        for batch in batches:                    # turing.batch.Batch; the next epoch's shard
+            ...                                  # is loading meanwhile, the prefetch window full
+
+`epoch()` runs on the original's per-epoch calls, which stay for the original's callers:
 
     refs, total = provider.get_shard(index)      # iterable of batch references, its length
                                                  # (start_batch=N, keyword only: skip N micro batches;
@@ -9,7 +16,6 @@ The step loop drives a provider like this, once per epoch `index`:
     provider.prefetch_shard(index + 1)           # start loading the next epoch's shard
     for ref in refs:
         batch = provider.get_batch(ref)          # a turing.batch.Batch
-        ...
         provider.prefetch_batch()                # keep the prefetch window full
     provider.release_shard(index)
 
@@ -118,6 +124,15 @@ class BertDatasetProviderInterface:
         is an error before the model is built, not in some later epoch."""
         raise NotImplementedError
 
+    def epoch(self, index, *, start=0, plan=None):
+        """The micro batches of epoch `index` for this rank, from micro batch `start` on (an
+        EpochBatches: len() and iteration; a context manager that releases the epoch on exit);
+        `plan`: the EpochPlan the epoch's order was made for, when not this run's layout. The
+        next epoch's shard starts loading at once."""
+        refs, count = self.get_shard(index, start_batch=start, **({"plan": plan} if plan else {}))
+        self.prefetch_shard(index + 1)
+        return EpochBatches(self, index, refs, count)
+
     def get_shard(self, index, *, start_batch=0, plan=None):
         """(batch references of epoch `index` from micro batch `start_batch` on, their count);
         `plan`: the EpochPlan the epoch's order was made for, when not this run's layout."""
@@ -134,3 +149,31 @@ class BertDatasetProviderInterface:
 
     def prefetch_batch(self):
         raise NotImplementedError
+
+
+class EpochBatches:
+    """One epoch's micro batches for this rank (BertDatasetProviderInterface.epoch): `len()` is
+    their count; iterating fetches each (get_batch) and keeps the prefetch window full
+    (prefetch_batch); leaving the `with` block, or close(), releases the epoch's loaders."""
+
+    def __init__(self, provider, index, refs, count):
+        self.provider, self.index, self.refs, self.count = provider, index, refs, count
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        for ref in self.refs:
+            batch = self.provider.get_batch(ref)
+            self.provider.prefetch_batch()
+            yield batch
+
+    def close(self):
+        self.provider.release_shard(self.index)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

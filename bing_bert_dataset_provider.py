@@ -28,6 +28,7 @@ from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingS
                             epoch_sample_order, open_validation_dataset, tokenize_shard)
 from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.formats import BING_SHARD_FILES, holds_bing_validation
 from turing.tokenization import load_vocab
 from utils import get_rank_and_world
 
@@ -130,7 +131,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self._current = {}     # shard folder -> TokenizedShard of the open epoch
         self._iterators = {}
         self.worker = None
-        self.epoch = None
+        self.open_epoch = None
 
     @staticmethod
     def _shard_folders(folder, key):
@@ -141,12 +142,10 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         shards = [os.path.join(folder, d) for d in sorted(os.listdir(folder)) if os.path.isdir(os.path.join(folder, d))]
         if not shards:
             raise InputValueError(f"dataset folder {folder} (job config {key}) holds no shard folders "
-                             f"(sub-folders with data.npy, instance_offsets.npy, tokens_split.npy, is_next.npy)")
+                                  f"(sub-folders with {', '.join(BING_SHARD_FILES)})")
         return shards
 
-    @staticmethod
-    def holds_validation_set(path):
-        return True  # the default format: a folder of anything else is read, and refused, as Bing shards
+    holds_validation_set = staticmethod(holds_bing_validation)
 
     @staticmethod
     def validation_dataset(path, args):
@@ -213,8 +212,8 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         `plan`: the layout the epoch started with, when the run resumed it on another one.
         """
         if self.worker is not None or self._iterators:
-            self.release_shard(self.epoch)
-        self.epoch = index
+            self.release_shard(self.open_epoch)
+        self.open_epoch = index
         layout = EpochPlan(self.world, self.micro, self.grad_accum)
         repeat = self.grad_accum * self.refresh_bucket_size
         per_step = self.world * self.micro * repeat
@@ -268,14 +267,15 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             self.worker.start()
         return remaining, len(remaining)
 
-    def get_batch(self, batch_iter):
-        """The next micro batch (turing.batch.Batch) of dataset id `batch_iter` (a picker entry)."""
+    def get_batch(self, dataset_id):
+        """The next micro batch (turing.batch.Batch) of dataset `dataset_id` (a picker entry, in
+        picker order: the AsyncWorker fetches them in that order ahead of time)."""
         if self.worker is not None:
-            return self.worker.get()
-        if batch_iter not in self._iterators:
-            raise DataExhaustedError(f"get_batch({batch_iter}): no open loader for that dataset id "
+            return self.worker.get(dataset_id)
+        if dataset_id not in self._iterators:
+            raise DataExhaustedError(f"get_batch({dataset_id}): no open loader for that dataset id "
                                      f"(call get_shard first; open: {sorted(self._iterators)})")
-        return next(self._iterators[batch_iter])
+        return next(self._iterators[dataset_id])
 
     def prefetch_batch(self):
         if self.worker is not None:
@@ -306,7 +306,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
 
     def close(self):
         """Stop the worker and the shard-prefetch thread (end of training)."""
-        self.release_shard(self.epoch)
+        self.release_shard(self.open_epoch)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._prefetched.clear()
 

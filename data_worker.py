@@ -76,8 +76,10 @@ class AsyncWorker(threading.Thread):
                 continue
         return False
 
-    def get(self):
-        """The next batch in picker order; re-raises an exception the thread met while fetching it."""
+    def get(self, dataset_id=None):
+        """The next batch in picker order; re-raises an exception the thread met while fetching it.
+        `dataset_id`: the picker entry the caller expects next (a caller out of step with the
+        picker is an error, not a batch of the wrong dataset)."""
         if self._outstanding == 0:
             raise DataExhaustedError(f"AsyncWorker.get(): no batch requested; all {len(self.dataset_picker)} "
                                      f"entries of the dataset picker have been returned")
@@ -98,6 +100,9 @@ class AsyncWorker(threading.Thread):
         self._outstanding -= 1
         if error is not None:
             raise error
+        served = self.dataset_picker[self._next_request - self._outstanding - 1]
+        if dataset_id is not None and dataset_id != served:
+            raise RuntimeError(f"AsyncWorker.get({dataset_id}): the next batch in picker order is of dataset {served}")
         return batch
 
     def prefetch(self):

@@ -1,22 +1,16 @@
 """NVIDIA hdf5 pretraining shards, the `--use_nvidia_dataset` provider.
 
-Owns: the choice of shard file per (epoch, rank), reading and checking a shard, turning
-`masked_lm_positions`/`masked_lm_ids` into per-token labels, the DataLoader over a shard,
-and loading the next epoch's shard in a background process while this one trains.
-
-A shard is one `.hdf5` file as NVIDIA's `create_pretraining_data.py` writes it:
-input_ids int32 [N, L], input_mask int8 [N, L], segment_ids int8 [N, L],
-masked_lm_positions int32 [N, P], masked_lm_ids int32 [N, P] (right-padded with 0),
-next_sentence_labels int8 [N] (1 = B is a random sentence).
+Owns: the choice of shard file per (epoch, rank), turning `masked_lm_positions`/`masked_lm_ids`
+into per-token labels, the DataLoader over a shard, and loading the next epoch's shard in a
+background process while this one trains. The format itself (keys, dtypes, the layout and
+value checks, reading a shard) is turing.formats'.
 """
-import contextlib
 import logging
 import multiprocessing
 import os
 import random
 from concurrent.futures import ProcessPoolExecutor
 
-import h5py
 import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
@@ -25,91 +19,10 @@ from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, igno
                                    stop_signals_held)
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.formats import HDF5_KEYS, HDF5_SUFFIXES, check_hdf5_shard, holds_nvidia_validation, read_hdf5_shard
 from utils import get_rank_and_world, set_seeds
 
 logger = logging.getLogger(__name__)
-
-HDF5_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-             "next_sentence_labels")
-
-
-def _check_hdf5_layout(path, f, max_seq_length=None):
-    """Keys, ranks, shapes and integer dtypes of an open shard, without reading the data; the
-    sequence length must be `max_seq_length` when given."""
-    missing = [k for k in HDF5_KEYS if k not in f]
-    if missing:
-        raise InputValueError(f"{path}: hdf5 shard lacks dataset(s) {', '.join(missing)}; "
-                         f"expected {', '.join(HDF5_KEYS)} (NVIDIA create_pretraining_data.py layout)")
-    for key in HDF5_KEYS:
-        if f[key].dtype.kind not in "iu":
-            raise InputValueError(f"{path}: {key} has dtype {f[key].dtype}; expected an integer dtype")
-    ids = f["input_ids"].shape
-    if len(ids) != 2:
-        raise InputValueError(f"{path}: input_ids has shape {ids}; expected [N, seq_len]")
-    if max_seq_length is not None and ids[1] != max_seq_length:
-        raise InputValueError(f"{path}: sequences of length {ids[1]}, but --max_seq_length is {max_seq_length}; "
-                         f"use shards made for {max_seq_length}")
-    n = ids[0]
-    for key in ("input_mask", "segment_ids"):
-        if f[key].shape != ids:
-            raise InputValueError(f"{path}: {key} has shape {f[key].shape}; expected {ids} like input_ids")
-    preds = f["masked_lm_positions"].shape
-    if len(preds) != 2 or preds[0] != n or f["masked_lm_ids"].shape != preds:
-        raise InputValueError(f"{path}: masked_lm_positions {preds} and masked_lm_ids {f['masked_lm_ids'].shape} "
-                         f"must both be [N={n}, max_predictions]")
-    if f["next_sentence_labels"].shape != (n,):
-        raise InputValueError(f"{path}: next_sentence_labels has shape {f['next_sentence_labels'].shape}; "
-                         f"expected ({n},)")
-
-
-@contextlib.contextmanager
-def _open_checked(path, max_seq_length=None):
-    """The open shard with its layout checked; an unreadable file (at open or while reading
-    inside the block) becomes one ValueError naming it."""
-    try:
-        with h5py.File(path, "r") as f:
-            _check_hdf5_layout(path, f, max_seq_length)
-            yield f
-    except OSError as e:
-        raise InputValueError(f"{path}: cannot read hdf5 shard ({e}); the file may be truncated or not hdf5") from None
-
-
-def check_hdf5_shard(path, max_seq_length=None):
-    """Open a shard and check its layout (cheap: reads no data); returns the sample count."""
-    with _open_checked(path, max_seq_length) as f:
-        return f["input_ids"].shape[0]
-
-
-def _check_values(path, arrays):
-    """Values no shard can mean: negative token ids, masks/segments/NSP labels outside {0, 1},
-    masked positions outside the sequence."""
-    length = arrays["input_ids"].shape[1]
-    positions = arrays["masked_lm_positions"]
-    if positions.size and (positions.min() < 0 or positions.max() >= length):
-        raise InputValueError(f"{path}: masked_lm_positions outside [0, {length})")
-    for key in ("input_ids", "masked_lm_ids"):
-        if arrays[key].size and arrays[key].min() < 0:
-            row = int(np.argwhere(arrays[key] < 0)[0][0])
-            raise InputValueError(f"{path}: {key} holds token id {int(arrays[key].min())} (row {row}); token ids are >= 0")
-    for key, meaning in (("input_mask", "1 = real token, 0 = padding"), ("segment_ids", "0 = segment A, 1 = B"),
-                         ("next_sentence_labels", "1 = B is random, 0 = B follows A")):
-        bad = (arrays[key] != 0) & (arrays[key] != 1)
-        if bad.any():
-            row = int(np.argwhere(bad)[0][0])
-            raise InputValueError(f"{path}: {key} holds {int(arrays[key][bad][0])} (row {row}); expected 0 or 1 ({meaning})")
-
-
-def read_hdf5_shard(path, max_seq_length=None):
-    """Read and check one shard (layout, sequence length when given, values); returns a dict
-    of numpy arrays keyed by HDF5_KEYS.
-
-    Module-level so the background process pool can run it.
-    """
-    with _open_checked(path, max_seq_length) as f:
-        arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
-    _check_values(path, arrays)
-    return arrays
-
 
 def labels_from_positions(positions, ids):
     """Per-token MLM labels for a batch: -1 everywhere, ids at the listed positions.
@@ -219,15 +132,13 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
 
-    @staticmethod
-    def holds_validation_set(path):
-        return any(f.endswith((".hdf5", ".h5")) for f in os.listdir(path))
+    holds_validation_set = staticmethod(holds_nvidia_validation)
 
     @staticmethod
     def validation_dataset(path, args):
         """Every .hdf5/.h5 file of `path`, in sorted order, read whole and checked against the
         sequence length and the vocab size."""
-        files = sorted(f for f in os.listdir(path) if f.endswith((".hdf5", ".h5")))
+        files = sorted(f for f in os.listdir(path) if f.endswith(HDF5_SUFFIXES))
         parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
                                         args.vocab_size) for f in files]
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)

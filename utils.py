@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from turing.lr_schedule import schedule_help
+
 
 def get_argument_parser():
     """Every flag of the pretraining script, one line of help each, with its default."""
@@ -62,17 +64,16 @@ def get_argument_parser():
         help="logging level of rank 0 (other ranks log warnings and errors)")
     add("--debug", action="store_true", default=False,
         help="show Python tracebacks for input errors instead of one error line")
+    add("--peak_tflops", default=None,
+        help="peak TFLOP/s of one device for the logged MFU (Train/MFU), or 'measure' (a timed matmul); default: "
+             "the data sheet of a known GPU (H200, H100, A100, V100), a measured matmul on the CPU or another device")
     add("--dist_timeout", type=float, default=1800.0,
         help="seconds a collective (all-reduce, barrier, the start-up rendezvous) may wait for the other "
              "ranks before this rank gives up with an error line (exit code 5): a rank that died or hangs "
              "ends the job instead of stalling it")
 
     # Learning rate
-    # the schedules are deepspeed_train.lr_factor's (it refuses a name it does not know)
-    add("--lr_schedule", default="LE",
-        help="LE: linear warmup + exp decay, EE: exp warmup + exp decay, EP: exp warmup + poly decay, "
-             "WSD: warmup-stable-decay over total_training_steps, budget: the WSD shape over the share "
-             "of --max_train_hours spent")
+    add("--lr_schedule", default="LE", help=schedule_help())
     add("--lr_offset", type=float, default=0.0, help="added to every computed learning rate")
     add("--rewarmup", action="store_true", default=False,
         help="restart the learning-rate warmup from the restored step (phase 2)")

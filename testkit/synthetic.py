@@ -8,6 +8,8 @@ import os
 import h5py
 import numpy as np
 
+from turing.formats import BING_SEPARATOR, HDF5_DTYPES, HDF5_KEYS
+
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -72,16 +74,15 @@ def write_nvidia_shard(path, instances, vocab, max_seq_length, max_pred=20, seed
         nsp[r] = is_random
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with h5py.File(path, "w") as f:
-        for key, arr in (("input_ids", ids), ("input_mask", mask), ("segment_ids", seg),
-                         ("masked_lm_positions", pos), ("masked_lm_ids", lab), ("next_sentence_labels", nsp)):
-            f.create_dataset(key, data=arr, dtype=arr.dtype, compression="gzip")
+        for key, arr in zip(HDF5_KEYS, (ids, mask, seg, pos, lab, nsp)):
+            f.create_dataset(key, data=arr, dtype=HDF5_DTYPES[key], compression="gzip")
     return path
 
 
 def write_bing_shard(folder, instances):
-    """One Bing numpy shard folder, separator layout (tokens joined by byte 0x1f)."""
+    """One Bing numpy shard folder, separator layout (tokens joined by BING_SEPARATOR)."""
     os.makedirs(folder, exist_ok=True)
-    blobs = [b"\x1f".join(t.encode() for t in a + b) for a, b, _ in instances]
+    blobs = [bytes([BING_SEPARATOR]).join(t.encode() for t in a + b) for a, b, _ in instances]
     offsets = np.zeros(len(blobs) + 1, np.int64)
     offsets[1:] = np.cumsum([len(x) for x in blobs])
     np.save(os.path.join(folder, "data.npy"), np.frombuffer(b"".join(blobs), np.uint8))

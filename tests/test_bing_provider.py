@@ -297,6 +297,7 @@ def test_provider_dataloader_workers_do_not_change_batches(data_root):
     vocab_path = data_root / "vocab.txt"
     _, in_process = read_epoch(BingBertDatasetProvider(make_args(data_root, vocab_path, async_worker=False)), 0)
     _, workers = read_epoch(BingBertDatasetProvider(make_args(data_root, vocab_path, num_workers=2)), 0)
+    assert len(in_process) == len(workers) > 0
     for x, y in zip(in_process, workers):
         assert all(torch.equal(a, b) for a, b in zip(x, y))
 
@@ -424,7 +425,7 @@ def test_launcher_two_ranks_with_the_bing_provider_and_async_worker(tmp_path):
     assert rows[-1][3] == 6 * 2 * 16
     assert rows[-1][1] < rows[0][1]
     assert "WIKIPEDIA shard_001" in log and "BOOK_CORPUS shard_001" in log
-    assert log.count("Validation epoch") == 2   # after epoch 1, and once at the --max_steps end
+    assert log.count("Validation at step") == 2   # after epoch 1, and once at the --max_steps end
     assert "did not stop" not in log
     saved = os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")
     assert {"epoch1_step4", "step6"} <= set(saved)   # the stop's checkpoint keeps the position in epoch 2

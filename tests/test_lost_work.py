@@ -8,13 +8,18 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 
 import psutil
 import pytest
 import torch
 
 import deepspeed_train
+import turing.checkpointer
 from tests.launch import TINY_CFG, TINY_DS, start, tiny_args, train_in_process, wait_for_step
+from turing.checkpoint import COMPLETE_MARKER, complete_tags, resume_candidates
+from turing.errors import InputError
+from turing.run_config import RunState
 from turing.tb_events import read_run
 
 JOB = "tiny_bert"
@@ -75,29 +80,29 @@ def three_steps(data_root, tmp_path_factory):
     written, and the validation passes made."""
     out = tmp_path_factory.mktemp("three_steps")
     synced, unsynced, validations = set(), {}, []
-    real_fsync, real_write, real_validation = os.fsync, deepspeed_train.write_atomic, \
-        deepspeed_train.pretrain_validation
+    real_fsync, real_write, real_validation = os.fsync, turing.checkpointer.write_atomic, \
+        deepspeed_train.validation_scores
 
     def fsync(fd):
         synced.add(os.fstat(fd).st_ino)
         real_fsync(fd)
 
     def write_atomic(path, text):
-        if path.endswith(deepspeed_train.COMPLETE_MARKER):
+        if path.endswith(COMPLETE_MARKER):
             folder = os.path.dirname(path)
             unsynced[os.path.basename(folder)] = [
                 os.path.relpath(os.path.join(r, f), folder) for r, _, files in os.walk(folder) for f in files
                 if os.stat(os.path.join(r, f)).st_ino not in synced]
         real_write(path, text)
 
-    def validation(args, index, model, *rest):
+    def validation(*args):
         validations.append(sorted(os.listdir(ckpt_dir(out))))   # what was on disk when it ran
-        return real_validation(args, index, model, *rest)
+        return real_validation(*args)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "fsync", fsync)
-        mp.setattr(deepspeed_train, "write_atomic", write_atomic)
-        mp.setattr(deepspeed_train, "pretrain_validation", validation)
+        mp.setattr(turing.checkpointer, "write_atomic", write_atomic)
+        mp.setattr(deepspeed_train, "validation_scores", validation)
         train_in_process(data_root, out, TINY_DS, "--max_steps", 3, "--checkpoint_every_steps", 2,
                          "--validation_data_path_prefix", data_root / "nvidia" / "128")
     return out, unsynced, validations
@@ -122,7 +127,7 @@ def test_bad_input_stops_before_the_model_is_built(case, data_root, tmp_path, mo
     elif case == "empty":
         (tmp_path / "valid" / "validation").mkdir(parents=True)
         extra = ["--validation_data_path_prefix", tmp_path / "valid"]
-        expected = "validation folder is empty"
+        expected = "holds no validation set of a known format (NVIDIA .hdf5 files, or Bing shard folders"
     elif case == "truncated_hdf5":
         shutil.copytree(data_root / "nvidia" / "128" / "validation", tmp_path / "valid" / "validation")
         truncate(tmp_path / "valid" / "validation" / "tiny_test_shard0.hdf5")
@@ -150,19 +155,19 @@ def test_epoch_checkpoint_is_written_before_validation(data_root, tmp_path, monk
     # The validation set breaks after the start-up check (a network file system going away):
     # the epoch's checkpoint must already be on disk when validation fails.
     def broken(*args, **kwargs):
-        raise deepspeed_train.InputError("validation set unreadable")
-    monkeypatch.setattr(deepspeed_train, "pretrain_validation", broken)
+        raise InputError("validation set unreadable")
+    monkeypatch.setattr(deepspeed_train, "validation_scores", broken)
     code = exit_code(data_root, tmp_path, TINY_DS, "--max_steps", 4,
                      "--validation_data_path_prefix", data_root / "nvidia" / "128")
     assert code == 2 and "validation set unreadable" in capsys.readouterr().err
     assert latest(tmp_path) == "epoch1_step4"
-    assert deepspeed_train.complete_tags(ckpt_dir(tmp_path)) == ["epoch1_step4"]
+    assert complete_tags(ckpt_dir(tmp_path)) == ["epoch1_step4"]
 
 
 def test_max_steps_stop_validates_once_after_its_checkpoint(three_steps):
     out, _, validations = three_steps
     assert validations == [["latest", "step2", "step3"]]           # once, the checkpoint already there
-    assert len(read_run(os.path.join(out, "runs", JOB))[0]["Validation/Loss"]) == 1
+    assert len(read_run(os.path.join(out, "runs", JOB))[0]["Validation/step/Loss"]) == 1
 
 
 # --- 2, 5 (and 4). stop signals with DataLoader workers, a launcher that goes away (real launcher)
@@ -185,6 +190,25 @@ def _long_run_args(data_root, tmp_path, nvidia=True, *extra):
     return args
 
 
+def _wait_for_workers(proc, timeout=120):
+    """The run's process tree once it holds DataLoader worker processes."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+        if any(_name(p) == "pt_data_worker" for p in tree):
+            return tree
+        assert proc.poll() is None, "the run ended before its DataLoader workers were seen"
+        time.sleep(0.02)
+    raise AssertionError(f"no DataLoader worker seen in {timeout} s")
+
+
+def _name(process):
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def _wait_gone(processes, timeout=120):
     gone, alive = psutil.wait_procs(processes, timeout=timeout)
     assert not alive, f"still running: {alive}"
@@ -196,18 +220,20 @@ def test_stop_signal_with_dataloader_workers_writes_a_checkpoint(provider, sig, 
                           "--validation_data_path_prefix", data_root / provider / "128")
     proc = start(args, tmp_path / "run.log")
     wait_for_step(proc, tmp_path / "run.log", 6)
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    assert any(p.name() == "pt_data_worker" for p in tree)
-    os.killpg(proc.pid, sig)                  # as Ctrl-C or a scheduler does: the whole group
+    # Between epochs (checkpoint, validation) no loader and no worker is alive: signal the group
+    # once the workers of an epoch are there, as Ctrl-C or a scheduler does.
+    tree = _wait_for_workers(proc)
+    os.killpg(proc.pid, sig)
     _wait_gone(tree)
     log = open(tmp_path / "run.log").read()
     assert f"stopped by {sig.name}; checkpoint of global step" in log, log[-3000:]
     assert "killed by signal" not in log
     tag = latest(tmp_path / "out")
     assert tag.startswith("step") and os.path.isfile(os.path.join(ckpt_dir(tmp_path / "out"), tag,
-                                                                  deepspeed_train.COMPLETE_MARKER))
+                                                                  COMPLETE_MARKER))
     # validation after each finished epoch, not after the stop by a signal
-    assert log.count("Validation epoch") == (int(tag[4:]) - 1) // (4 if provider == "nvidia" else 8)
+    assert log.count("Validation at step") == log.count("(end of epoch") == \
+        (int(tag[4:]) - 1) // (4 if provider == "nvidia" else 8)
 
 
 def test_killing_the_deepspeed_command_stops_the_rank_and_a_second_run_waits_for_it(data_root, tmp_path, capsys):
@@ -251,7 +277,7 @@ def test_auto_resume_from_checkpoints_without_markers(three_steps, data_root, tm
     out = tmp_path / "out"
     copy_run(three_steps[0], out)
     for tag in ("step2", "step3"):             # as the original program or a copy leaves them
-        os.remove(os.path.join(ckpt_dir(out), tag, deepspeed_train.COMPLETE_MARKER))
+        os.remove(os.path.join(ckpt_dir(out), tag, COMPLETE_MARKER))
     before = folder_snapshot(ckpt_dir(out))
     assert exit_code(data_root, out, TINY_DS, "--auto_resume", "--max_steps", 1) == 0
     assert "step3 has no checkpoint_complete.json" in capsys.readouterr().err
@@ -267,13 +293,13 @@ def test_auto_resume_refuses_checkpoints_without_markers_that_do_not_load(damage
     out = tmp_path / "out"
     copy_run(three_steps[0], out, tensorboard=True)
     for tag in ("step2", "step3"):
-        os.remove(os.path.join(ckpt_dir(out), tag, deepspeed_train.COMPLETE_MARKER))
+        os.remove(os.path.join(ckpt_dir(out), tag, COMPLETE_MARKER))
         model_file = os.path.join(ckpt_dir(out), tag, "mp_rank_00_model_states.pt")
         if damage == "cut_short":
             truncate(model_file)
         else:                                  # DeepSpeed's save_checkpoint without our client state
             state = torch.load(model_file, weights_only=False)
-            for key in deepspeed_train.RunState.CLIENT_KEYS.values():
+            for key in RunState.CLIENT_KEYS.values():
                 del state[key]
             torch.save(state, model_file)
     before = folder_snapshot(out)
@@ -319,9 +345,9 @@ def _check_disk_full_outcome(out, err):
     assert len(errors) == 1 and "step2 could not be written" in errors[0], err[-3000:]
     assert "the newest complete checkpoint is step1" in errors[0]
     assert "Traceback" not in err
-    assert latest(out) == "step1" and deepspeed_train.complete_tags(ckpt_dir(out)) == ["step1"]
+    assert latest(out) == "step1" and complete_tags(ckpt_dir(out)) == ["step1"]
     assert not os.path.exists(os.path.join(ckpt_dir(out), "step2"))
-    assert deepspeed_train.resume_candidates(ckpt_dir(out), "latest") == ["step1"]
+    assert resume_candidates(ckpt_dir(out), "latest") == ["step1"]
     assert sorted(losses(out)) == [1, 2]                              # the session's curves kept
 
 

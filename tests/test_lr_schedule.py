@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from deepspeed_train import lr_factor, update_learning_rate
+from deepspeed_train import update_learning_rate
+from turing.lr_schedule import lr_factor
 from tests.launch import ds_config, expect_input_error, train_in_process
 
 TRAINING = {"learning_rate": 1e-3, "warmup_proportion": 0.1, "total_training_steps": 1000,
@@ -97,4 +98,16 @@ def test_cooldown_over_the_whole_run_starts_at_the_warmup_end():
 def test_an_unknown_schedule_is_one_error_line(data_root, tmp_path, capsys):
     line = expect_input_error(capsys, train_in_process, data_root, tmp_path / "out", ds_config(tmp_path),
                               "--lr_schedule", "cosine")
-    assert "unknown --lr_schedule 'cosine' (the schedules are those of deepspeed_train.lr_factor" in line
+    assert "--lr_schedule 'cosine' is not a known schedule; expected one of LE, EE, EP, WSD, budget (LE: linear" in line
+
+
+def test_every_schedule_is_named_once_in_the_table():
+    """The help, the config check and the error read LR_SCHEDULES: a schedule added there is
+    known everywhere, and each one is in --help."""
+    from turing.lr_schedule import LR_SCHEDULES
+    from utils import get_argument_parser
+
+    help_text = get_argument_parser().format_help()
+    assert all(f"{name}:" in help_text for name in LR_SCHEDULES)
+    training = {"total_training_steps": 100, "warmup_proportion": 0.1, "decay_rate": 0.9, "decay_step": 10}
+    assert all(0.0 <= lr_factor(name, 50, training, budget_fraction=0.5) <= 1.0 for name in LR_SCHEDULES)

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from tensorboardX import SummaryWriter
 
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from data_worker import AsyncWorker
@@ -16,6 +17,7 @@ from deepspeed_train import (checkpoint_model, construct_arguments, load_checkpo
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from tests.launch import TINY_CFG, TINY_DS
 from turing.errors import InputError
+from turing.tb_events import read_run
 
 
 def test_original_style_calls_run_as_written(data_root, tmp_path, monkeypatch):
@@ -49,7 +51,12 @@ def test_original_style_calls_run_as_written(data_root, tmp_path, monkeypatch):
     assert pretrain_validation(args, 1, model) is None   # no --validation_data_path_prefix
     lr = update_learning_rate(args, args.config, 5, optimizer)
     assert all(group["lr"] == lr for group in optimizer.param_groups)
-    report_step_metrics(args, lr, 1.5, 5, 80)
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    report_step_metrics(args, lr, 1.5, 5, 80, writer)
+    writer.close()
+    written, _ = read_run(str(tmp_path / "tb"))
+    assert written["Train/lr"] == [(5, pytest.approx(lr))]
+    assert written["Train/Samples/train_loss"] == [(80, 1.5)] and written["Train/Samples/lr"] == [(80, pytest.approx(lr))]
     assert report_lamb_coefficients(args, optimizer) is None   # AdamW: no LAMB coefficients
 
 

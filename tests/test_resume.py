@@ -7,6 +7,8 @@ import torch
 
 import deepspeed_train
 from tests.launch import tiny_argv
+from turing.checkpoint import COMPLETE_MARKER, complete_tags, resume_candidates
+from turing.errors import InputError
 from turing.modeling import BertForPreTrainingPreLN
 from turing.tb_events import read_run
 
@@ -78,15 +80,15 @@ def test_incomplete_checkpoint_falls_back_to_previous(tmp_path, caplog):
     for tag in ("step2", "step4"):
         (path / tag).mkdir(parents=True)
         torch.save({}, path / tag / "mp_rank_00_model_states.pt")
-        (path / tag / deepspeed_train.COMPLETE_MARKER).write_text("{}")
+        (path / tag / COMPLETE_MARKER).write_text("{}")
     (path / "step6").mkdir()
     (path / "step6" / "mp_rank_00_model_states.pt").write_bytes(b"half written")
     (path / "latest").write_text("step6")
-    assert deepspeed_train.complete_tags(str(path)) == ["step2", "step4"]
-    assert deepspeed_train.resume_candidates(str(path), "latest") == ["step4", "step2"]
+    assert complete_tags(str(path)) == ["step2", "step4"]
+    assert resume_candidates(str(path), "latest") == ["step4", "step2"]
     assert "incomplete" in caplog.text and "Resuming from" in caplog.text and "step4" in caplog.text
-    with pytest.raises(deepspeed_train.InputError, match="checkpoint tag 'step9' not found.*step2, step4, step6"):
-        deepspeed_train.resume_candidates(str(path), "step9")
+    with pytest.raises(InputError, match="checkpoint tag 'step9' not found.*step2, step4, step6"):
+        resume_candidates(str(path), "step9")
 
 
 def _poisoned_forward(bad_calls):

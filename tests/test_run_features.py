@@ -10,6 +10,7 @@ import torch
 
 from tests.launch import TINY_CFG, ds_config, plain_model_from_checkpoint, train_losses
 from tests.launch import train_in_process as train
+from turing.flops import bert_training_flops
 from turing.tb_events import read_run
 
 
@@ -52,7 +53,7 @@ def test_time_budget_stops_cleanly_and_resume_keeps_elapsed(data_root, tmp_path)
     assert open(ckpt / "latest").read() == "step1"
     client = torch.load(ckpt / "step1" / "mp_rank_00_model_states.pt", weights_only=False)
     assert client["train_seconds"] > 0 and client["epoch_micro_step"] == 1
-    assert [s for s, _ in scalars(out)[0]["Validation/Loss"]] == [1]   # validated before stopping
+    assert [s for s, _ in scalars(out)[0]["Validation/step/Loss"]] == [1]   # validated before stopping
     # The budget is spent: a resumed run does one step and stops again, the elapsed time grows.
     state = train(data_root, out, ds, "--max_train_hours", 1e-9, "--auto_resume")
     assert state.global_step == 2
@@ -61,15 +62,19 @@ def test_time_budget_stops_cleanly_and_resume_keeps_elapsed(data_root, tmp_path)
 
 
 def test_metrics_in_tensorboard(data_root, tmp_path):
-    training = json.load(open(TINY_CFG))["mixed_seq_training"]
-    training["128"]["num_epochs"] = 5                                   # 20 steps: one throughput report
-    cf = job_config(tmp_path, mixed_seq_training=training)
     train(data_root, tmp_path / "out", ds_config(tmp_path), "--validation_data_path_prefix",
-          os.path.join(data_root, "nvidia", "128"), cf=cf)
+          os.path.join(data_root, "nvidia", "128"), "--print_steps", 4)
     values, others = scalars(tmp_path / "out")
-    for tag in ("Train/samples_per_sec", "Train/tokens_per_sec", "Train/data_wait_fraction"):
-        assert [s for s, _ in values[tag]] == [20], tag
-    assert 0 <= values["Train/data_wait_fraction"][0][1] < 1
+    for tag in ("Train/samples_per_s", "Train/tokens_per_s", "Train/MFU", "Train/data_wait_fraction"):
+        assert [s for s, _ in values[tag]] == [4, 8], tag        # every --print_steps optimizer steps
+    assert all(0 <= v < 1 for _, v in values["Train/data_wait_fraction"])
+    assert [v * 128 for _, v in values["Train/samples_per_s"]] == [v for _, v in values["Train/tokens_per_s"]]
+    # MFU = sequences/s x FLOPs per sequence (of this model: turing.flops) / peak of the device
+    (_, peak), = values["Train/peak_TFLOPs_per_device"]
+    (_, flops), = values["Train/FLOPs_per_sequence"]
+    assert flops == bert_training_flops(plain_model_from_checkpoint(tmp_path / "out").config, 128, 20)
+    assert [v for _, v in values["Train/MFU"]] == pytest.approx([r * flops / (peak * 1e12)
+                                                                 for _, r in values["Train/samples_per_s"]])
     for tag in ("Validation/Loss", "Validation/MLM_accuracy", "Validation/NSP_accuracy"):
         assert tag in values
     assert any(t.startswith("config") for t in others)

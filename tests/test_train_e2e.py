@@ -39,7 +39,7 @@ def test_loss_falls_and_steps_count(phase1):
     assert sum(losses[:3]) / 3 > 5.0
     assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 0.8, losses
     assert rows[-1][3] == 60 * 16  # samples seen
-    assert "samples/s" in log
+    assert "samples_per_s=" in log and "mfu=" in log
 
 
 def test_checkpoint_per_epoch_with_run_files(phase1):
@@ -159,7 +159,7 @@ def test_two_ranks_unequal_shards_with_validation(tmp_path):
     assert result.returncode == 0, log[-3000:]
     assert [r[0] for r in progress(log)] == list(range(1, 7))
     assert "runs 3 like the shortest rank (32 samples unused)" in log
-    assert log.count("Validation epoch") == 2
+    assert log.count("Validation at step") == log.count("(end of epoch") == 2
     assert sorted(os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")) == \
         ["epoch1_step3", "epoch2_step6", "latest"]
     # DeepSpeed's CPU all-reduce buffers (67 MB of RAM per rank in /dev/shm) are not left behind

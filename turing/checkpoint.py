@@ -56,10 +56,12 @@ def _fsync(path):
 
 
 def write_atomic(path, text):
-    """`text` in `path`, whole or not at all, on disk: a temporary file, fsync'ed, renamed."""
+    """`text` (str, written as UTF-8, or bytes) in `path`, whole or not at all, on disk: a
+    temporary file, fsync'ed, renamed."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "wb") as f:
+            text = text.encode("utf-8") if isinstance(text, str) else text
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

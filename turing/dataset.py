@@ -5,16 +5,7 @@ turning its token strings into vocab ids once per shard (vectorised), the per-ep
 order of a rank, building a whole micro batch `[CLS] A [SEP] B [SEP]` with dynamic masking
 in numpy, and the validation set read from the same layout.
 
-A shard folder holds:
-    data.npy              uint8: utf-8 bytes of every token of every instance, concatenated
-    instance_offsets.npy  (N+1,) byte offsets: instance i is data[off[i]:off[i+1]]
-    tokens_split.npy      (N,) number of tokens of segment A (the rest is segment B)
-    is_next.npy           (N,) 1 = B is a random next segment, 0 = the real continuation
-and one of two token layouts:
-    separator layout      tokens inside an instance are separated by the byte 0x1f
-    offsets layout        instance_token_offsets.npy (N+1,) indexes token_offsets.npy, the
-                          in-instance byte offsets where each token after the first begins
-An optional lang.npy (per-instance language) is ignored. Instances hold A then B only; the
+The shard layout (its files, the two token layouts) is turing.formats'. An optional lang.npy (per-instance language) is ignored. Instances hold A then B only; the
 [CLS]/[SEP] tokens are added here.
 
 The NSP label given to the model (`next_sentence_labels`) follows the NVIDIA/Google BERT
@@ -38,13 +29,11 @@ from torch.utils.data import Dataset
 
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.formats import BING_OFFSET_FILES, BING_SEPARATOR, BING_SHARD_FILES, is_bing_shard
 from turing.tokenization import load_vocab, special_token_ids, vocab_size
 
 logger = logging.getLogger(__name__)
 
-SEPARATOR = 0x1F
-SHARD_FILES = ("data.npy", "instance_offsets.npy", "tokens_split.npy", "is_next.npy")
-OFFSET_FILES = ("instance_token_offsets.npy", "token_offsets.npy")
 MASKED_SHARE = 0.15
 MASK_SPLIT = (0.8, 0.1, 0.1)  # of the predicted tokens: [MASK], a random token, kept
 # Byte budget of one token-mapping pass: bounds the temporary arrays (about 40 bytes per token).
@@ -66,11 +55,6 @@ def _splitmix(x):
 
 class ShardFormatError(InputValueError):
     """A Bing shard folder whose files are missing or inconsistent."""
-
-
-def is_bing_shard(folder):
-    """True if `folder` looks like a Bing shard folder (holds data.npy)."""
-    return os.path.isfile(os.path.join(folder, "data.npy"))
 
 
 class BingShard:
@@ -120,7 +104,7 @@ class BingShard:
         path = os.path.join(self.folder, name)
         if not os.path.isfile(path):
             raise ShardFormatError(f"Bing shard {self.folder}: {name} is missing; a shard folder needs "
-                                   f"{', '.join(SHARD_FILES)} (plus {' and '.join(OFFSET_FILES)} "
+                                   f"{', '.join(BING_SHARD_FILES)} (plus {' and '.join(BING_OFFSET_FILES)} "
                                    f"for the offsets layout)")
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -152,7 +136,7 @@ class BingShard:
         """Token strings of instance i, decoded in Python (for inspection and tests)."""
         raw = bytes(self.data[self.instance_offsets[i]:self.instance_offsets[i + 1]])
         if self.layout == "separator":
-            pieces = raw.split(bytes([SEPARATOR]))
+            pieces = raw.split(bytes([BING_SEPARATOR]))
         else:
             cuts = [0] + [int(c) for c in self.token_offsets[
                 self.instance_token_offsets[i]:self.instance_token_offsets[i + 1]]] + [len(raw)]
@@ -175,7 +159,7 @@ class BingShard:
         n = last - first
         if self.layout == "separator":
             seps = np.flatnonzero(
-                np.asarray(self.data[self.instance_offsets[first]:self.instance_offsets[last]]) == SEPARATOR)
+                np.asarray(self.data[self.instance_offsets[first]:self.instance_offsets[last]]) == BING_SEPARATOR)
             seps_before = np.searchsorted(seps, off)  # (n+1,) separators before each instance start
             inner_starts = seps + 1
             inner_ends = seps

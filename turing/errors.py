@@ -31,3 +31,13 @@ class CheckpointNotFoundError(InputFileNotFoundError):
 
 class UnsafeCheckpointError(ConversionError):
     """A checkpoint file that does not load weights-only: unpickling it could run code from it."""
+
+
+class StopTraining(Exception):
+    """Not an input error: the run stops early, its work saved (or, where it cannot be, saying
+    why), with an exit code the caller ends with: 3 non-finite losses or weights, 4 a checkpoint
+    that could not be written, 128 + N signal N."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -16,6 +16,7 @@ the output equals the original tokenizer run under the same Python.
 import argparse
 import collections
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -205,3 +206,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def vocab_digest(path):
+    """The sha256 of a vocab file's bytes: which vocab a checkpoint was trained with (args.json)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()

@@ -1,0 +1,92 @@
+"""Model FLOPs utilisation (MFU): the FLOPs a BERT training step needs, and the peak FLOP rate of
+the device it runs on.
+
+FLOPs of one training sequence (`bert_training_flops`), counting the matrix multiplications
+only (2 FLOPs per multiply-add; embeddings are lookups, LayerNorm, softmax, GELU and dropout are
+elementwise and left out, as in every published MFU), for sequence length s, hidden size h,
+intermediate size i, n layers, vocab V and p predicted (masked) tokens per sequence:
+
+    per encoder layer, forward:  Q, K, V and output projections   4 x 2 s h h  = 8 s h^2
+                                 feed-forward (h -> i -> h)       2 x 2 s h i  = 4 s h i
+                                 scores Q K^T and scores x V      2 x 2 s s h  = 4 s^2 h
+    heads, forward:              MLM transform and decoder on the p masked rows only (the model
+                                 gathers them first): p (2 h h + 2 h V); pooler + NSP: 2 h h + 4 h
+    training = 3 x forward       (the backward pass computes the gradients of the activations
+                                 and of the weights: two matmuls for every forward one)
+
+so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h]. Recomputation
+(--checkpoint_activations) is not counted: MFU measures the model's FLOPs, not the hardware's.
+Padding counts as tokens (s is the padded length), as in NVIDIA's and MosaicML's BERT figures.
+
+MFU = (sequences/s x FLOPs per sequence) / (ranks x peak FLOP/s of one device). The peak is
+--peak_tflops, else the dense tensor-core figure of a known GPU (PEAK_TFLOPS), else (the CPU, an
+unknown GPU, or --peak_tflops measure) the rate of a large matmul measured here.
+"""
+import functools
+import time
+
+import torch
+
+# Dense peak TFLOP/s by device name fragment and precision (vendor data sheets; SXM parts; fp32
+# without TF32, which torch leaves off for matmuls by default). First match wins.
+PEAK_TFLOPS = (
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 51.2}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+)
+MEASURE = "measure"
+
+
+def bert_training_flops(config, seq_length, predictions):
+    """FLOPs of training on one sequence (forward + backward; see the module docstring).
+    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size)."""
+    s, h, i, n, v, p = (seq_length, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                        config.vocab_size, predictions)
+    layer = 8 * s * h * h + 4 * s * h * i + 4 * s * s * h
+    heads = p * (2 * h * h + 2 * h * v) + 2 * h * h + 4 * h
+    return 3 * (n * layer + heads)
+
+
+def table_peak_tflops(device_name, precision):
+    """The PEAK_TFLOPS entry of a device name and precision, or None."""
+    for fragment, peaks in PEAK_TFLOPS:
+        if fragment in device_name:
+            return peaks.get(precision)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_peak_tflops(device_type, precision):
+    """TFLOP/s of a square matmul on this device in this precision (largest of a few timed runs;
+    about a second on a GPU, a fraction of one on a CPU), once per process."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    size = 8192 if device_type == "cuda" else 512
+    generator = torch.Generator(device_type).manual_seed(0)  # not the global one: dropout draws from that
+    a = torch.randn(size, size, device=device_type, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device_type, dtype=dtype, generator=generator)
+    best = 0.0
+    for _ in range(5):
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        started, repeats = time.perf_counter(), 0
+        while time.perf_counter() - started < 0.05 or repeats < 2:
+            a @ b
+            repeats += 1
+            if device_type == "cuda":
+                torch.cuda.synchronize()
+        best = max(best, 2 * size ** 3 * repeats / (time.perf_counter() - started))
+    return best / 1e12
+
+
+def peak_tflops(device, precision, requested=None):
+    """(peak TFLOP/s of one device, where the figure comes from): `requested` (a number, or
+    MEASURE), else the table for a known GPU, else a measured matmul."""
+    if requested not in (None, MEASURE):
+        return float(requested), "--peak_tflops"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = table_peak_tflops(name, precision) if requested is None and device.type == "cuda" else None
+    if peak is not None:
+        return peak, f"{name} {precision} data sheet"
+    return measured_peak_tflops(device.type, precision), f"measured {precision} matmul on {name}"

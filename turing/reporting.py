@@ -1,0 +1,162 @@
+"""Metrics: TensorBoard (rank 0) and the progress lines, through one writer.
+
+Every metric goes through `Reporter.log(step, {tag: value})` (`write_metrics` is the one place
+that writes TensorBoard). Per optimizer step the reporter keeps the loss on the device; every
+--print_steps steps (`due`) it writes the pending steps in one host sync, with the loss averaged
+over the ranks, and a progress line with the throughput since the last one: samples/s,
+tokens/s and model FLOPs utilisation (turing.flops) over training time (turing.clock: time spent
+validating or checkpointing is not in it), the share of that time spent waiting for data, and
+an estimate of the time the run has left.
+"""
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+from tensorboardX import SummaryWriter
+
+from turing.distributed import all_reduce, multi_rank
+
+logger = logging.getLogger("bing_bert")
+
+
+def write_metrics(writer, step, values):
+    """The one place metrics reach TensorBoard: every {tag: value} at x = `step`. A string is
+    written as text, a list or array of numbers as a histogram, anything else as a scalar.
+    Without a writer (ranks other than 0) nothing is written."""
+    if writer is None:
+        return
+    for tag, value in values.items():
+        if isinstance(value, str):
+            writer.add_text(tag, value, step)
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            writer.add_histogram(tag, np.asarray(value), step)
+        else:
+            writer.add_scalar(tag, value, step)
+
+
+class Reporter:
+    """TensorBoard (rank 0) and progress lines for one session. `flops_per_sequence` and
+    `peak_tflops()` (of one device: (TFLOP/s, where the figure comes from), asked once, on rank 0)
+    give the MFU; `clock` the training time."""
+
+    def __init__(self, cfg, clock, flops_per_sequence, peak_tflops):
+        self.config = cfg
+        self.clock = clock
+        self.ranks = cfg.ranks
+        self.is_master = cfg.ranks.is_main
+        self.flops_per_sequence = flops_per_sequence
+        self._peak_tflops = peak_tflops
+        self.peak = None           # (TFLOP/s, source), once asked
+        self._writer = None        # opened at the first metric (rank 0): a run that fails to start writes none
+        self.pending = []          # (step, samples, lr, loss tensor) not yet written
+        self.window = (clock.session_seconds(), 0, 0.0)  # training seconds at its start, steps, data wait
+
+    @property
+    def writer(self):
+        """The TensorBoard writer on rank 0 (None elsewhere)."""
+        if self._writer is None and self.is_master:
+            # a unique suffix: a resumed session in the same second must not overwrite the file
+            self._writer = SummaryWriter(self.config.tensorboard_path,
+                                         filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+        return self._writer
+
+    def log(self, step, values):
+        """Write {tag: value} at x = `step` (rank 0; a no-op elsewhere)."""
+        write_metrics(self.writer, step, values)
+
+    def due(self, step):
+        """A progress line (and the pending steps written) after optimizer step `step`."""
+        return step % self.config.print_steps == 0
+
+    def step(self, state, lr, loss, data_wait, steps_left=None):
+        """One optimizer step's results: `loss` (this rank's, on the device), the LR it ran at,
+        the seconds it waited for data; `steps_left`, the run's remaining optimizer steps where
+        known (for the time estimate)."""
+        self.pending.append((state.global_step, state.global_data_samples, lr, loss))
+        start, steps, waited = self.window
+        self.window = (start, steps + 1, waited + data_wait)
+        if self.due(state.global_step):
+            self.progress(state, steps_left)
+
+    def progress(self, state, steps_left=None):
+        """Write the pending steps, then the progress line and the throughput since the last one."""
+        written = self._write_pending()
+        start, steps, waited = self.window
+        now = self.clock.session_seconds()
+        elapsed = max(now - start, 1e-9)
+        cfg = self.config
+        rate = steps * cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * self.ranks.world / elapsed
+        self.window = (now, 0, 0.0)
+        if not self.is_master:
+            return
+        if self.peak is None:
+            self.peak = self._peak_tflops()
+            logger.info("MFU against a peak of %.3g TFLOP/s per device (%s); %.3g FLOPs per training sequence",
+                        self.peak[0], self.peak[1], self.flops_per_sequence)
+            self.log(state.global_step, {"Train/peak_TFLOPs_per_device": self.peak[0],
+                                         "Train/FLOPs_per_sequence": self.flops_per_sequence})
+        mfu = rate * self.flops_per_sequence / (self.ranks.world * self.peak[0] * 1e12)
+        self.log(state.global_step, {"Train/samples_per_s": rate, "Train/tokens_per_s": rate * cfg.max_seq_length,
+                                     "Train/MFU": mfu, "Train/data_wait_fraction": waited / elapsed})
+        if written is not None:
+            loss, lr = written
+            eta = "" if steps_left is None or not steps else f", eta {steps_left * elapsed / steps / 60:.1f} min"
+            logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d, samples_per_s=%.1f, "
+                        "tokens_per_s=%.0f, mfu=%.2f%%, data_wait=%.1f%%%s", state.global_step, loss, lr,
+                        state.global_data_samples, rate, rate * cfg.max_seq_length, 100 * mfu,
+                        100 * waited / elapsed, eta)
+
+    def flush(self, to_disk=False):
+        """Write pending step metrics (every rank takes part: the loss is averaged over them);
+        `to_disk`: also the TensorBoard file, closed and reopened (tensorboardX's flush leaves
+        queued events in memory), before a checkpoint, so that a kill right after it, or a disk
+        the checkpoint fills up, keeps this session's curves up to it."""
+        self._write_pending(line=True)
+        if to_disk and self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _write_pending(self, line=False):
+        """The pending steps' metrics (one host sync), and with `line` the progress line of the
+        last of them; returns its (loss, lr), or None."""
+        if not self.pending:
+            return None
+        losses = torch.stack([p[3] for p in self.pending]).float()
+        if multi_rank():
+            losses = all_reduce(losses) / self.ranks.world
+        losses = losses.cpu().tolist()
+        for (step, samples, lr, _), loss in zip(self.pending, losses):
+            self.log(step, {"Train/lr": lr})
+            self.log(samples, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
+        step, samples, last_lr, _ = self.pending[-1]
+        self.pending = []
+        if line and self.is_master:
+            logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d", step, losses[-1], last_lr,
+                        samples)
+        return losses[-1], last_lr
+
+    def validation(self, state, epoch, epoch_end, loss, mlm_acc, nsp_acc):
+        """A validation result: by epoch (`Validation/*`, x = epoch number) at an epoch's end, and
+        always by global step with the training time it took to get there (`Validation/step/*`
+        and `Validation/train_minutes`, x = global step), so accuracy can be plotted against
+        steps or minutes whatever the epoch length. The NSP accuracy is left out when None."""
+        minutes = self.clock.train_seconds(state) / 60
+        if self.is_master:
+            logger.info("Validation at step %d%s after %.2f min of training: loss=%.6f, mlm_accuracy=%.4f%s",
+                        state.global_step, f" (end of epoch {epoch + 1})" if epoch_end else "", minutes, loss,
+                        mlm_acc, "" if nsp_acc is None else f", nsp_accuracy={nsp_acc:.4f}")
+        values = {"Loss": loss, "MLM_accuracy": mlm_acc, **({} if nsp_acc is None else {"NSP_accuracy": nsp_acc})}
+        if epoch_end:
+            self.log(epoch + 1, {f"Validation/{k}": v for k, v in values.items()})
+        self.log(state.global_step, {"Validation/train_minutes": minutes,
+                                     **{f"Validation/step/{k}": v for k, v in values.items()}})
+
+    def close(self):
+        self.flush()
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError as e:  # a full disk: what flush(to_disk=True) wrote before stays
+                logger.warning("TensorBoard: the last events could not be written (%s)", e)

@@ -1,0 +1,365 @@
+"""The run's configuration and its state: reading and checking the job config, the DeepSpeed
+config and the command line's values (`complete_arguments`, before any work: every bad value
+is one InputError line naming the key or flag), the RunConfig the program is handed, and the
+RunState it counts its progress in, saved in every checkpoint.
+"""
+import dataclasses
+import logging
+import math
+import os
+from typing import Optional
+
+from bert_dataset_provider import EpochPlan
+from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.errors import InputError
+from turing.jsonfile import read_json
+from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
+from turing.modeling import BertConfig, BertConfigError, ModelOptions
+from turing.flops import MEASURE
+from turing.tokenization import load_vocab, vocab_digest, vocab_size, vocab_size_padded
+from utils import Ranks
+
+logger = logging.getLogger("bing_bert")
+
+@dataclasses.dataclass
+class RunState:
+    """Everything that counts progress, and the phase and batch layout it was counted in; saved
+    in every checkpoint's client state (ints and floats only, so a checkpoint loads with
+    torch.load(..., weights_only=True)) under the keys of CLIENT_KEYS, and read back by
+    `from_client_state`. A new field is saved and restored once it has a line there."""
+    epoch: int = 0                  # epochs finished (= index of the epoch in progress)
+    epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
+    global_step: int = 0            # optimizer steps taken
+    global_data_samples: int = 0    # samples seen (all ranks)
+    rewarmup_offset: int = 0        # global step at which the LR warmup (re)started
+    train_seconds: float = 0.0      # training wall time of earlier sessions (--max_train_hours)
+    restore_step: int = 0           # not saved: the global step this session was restored at
+    nonfinite_in_a_row: int = 0     # not saved: a run stopped by them resumes counting afresh
+    nonfinite_total: int = 0
+    seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
+    micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
+    grad_accum: int = 0             # gradient accumulation steps, likewise
+    world: int = 0                  # ranks, likewise
+    # The layout (ranks, micro batch, accumulation) the epoch in progress began with, whose sample
+    # order it follows to its end, when it differs from this run's (0: the same)
+    plan_world: int = 0
+    plan_micro_batch: int = 0
+    plan_grad_accum: int = 0
+
+    # field -> client-state key. The first three are the original's keys (and the only ones its
+    # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
+    CLIENT_KEYS = {"epoch": "epoch", "global_step": "last_global_step",
+                   "global_data_samples": "last_global_data_samples",
+                   "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
+                   "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
+                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum",
+                   "world": "world_size", "plan_world": "epoch_plan_world",
+                   "plan_micro_batch": "epoch_plan_micro_batch", "plan_grad_accum": "epoch_plan_grad_accum"}
+    REQUIRED = ("epoch", "global_step", "global_data_samples")
+    LAYOUT = ("seq_length", "micro_batch", "grad_accum", "world")  # this run's own, never taken from a checkpoint
+
+    def to_client_state(self):
+        return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
+
+    def layout(self):
+        return EpochPlan(self.world, self.micro_batch, self.grad_accum)
+
+    def epoch_plan(self):
+        """The layout the epoch in progress began with, None when it is this run's."""
+        plan = EpochPlan(self.plan_world, self.plan_micro_batch, self.plan_grad_accum)
+        return None if not self.plan_world or plan == self.layout() else plan
+
+    @classmethod
+    def missing_keys(cls, client):
+        """The required client-state keys `client` lacks (not written by this program or the original)."""
+        return [cls.CLIENT_KEYS[name] for name in cls.REQUIRED if cls.CLIENT_KEYS[name] not in client]
+
+    @classmethod
+    def from_client_state(cls, client):
+        """The run state a checkpoint saved; fields it lacks (older or the original's
+        checkpoints) keep their defaults."""
+        return cls(**{name: client[key] for name, key in cls.CLIENT_KEYS.items() if key in client})
+
+
+def _read_json(path, what):
+    return read_json(path, what, InputError)
+
+
+def _require(config, keys, where):
+    node = config
+    for i, key in enumerate(keys):
+        if not isinstance(node, dict) or key not in node:
+            raise InputError(f"{where}: missing key '{'.'.join(keys[:i + 1])}'")
+        node = node[key]
+    return node
+
+
+def resolve_vocab_file(token_file, data_path_prefix, config_file):
+    """The vocab.txt named by `bert_token_file`: a file or a folder holding vocab.txt, taken as
+    given, else under --data_path_prefix."""
+    for candidate in (token_file, os.path.join(data_path_prefix, token_file)):
+        if os.path.isdir(candidate):
+            candidate = os.path.join(candidate, "vocab.txt")
+        if os.path.isfile(candidate):
+            return candidate
+    raise InputError(f"{config_file}: bert_token_file '{token_file}' not found (as given or under "
+                     f"--data_path_prefix '{data_path_prefix}'); expected a vocab.txt or a folder holding one")
+
+
+def complete_arguments(args):
+    """Read and check the job config and the DeepSpeed config of a parsed command line, resolve
+    its paths; returns `args` with, added (the original's attributes): config (with
+    data.datasets and training for this sequence length), job_name, vocab_file, vocab_size,
+    saved_model_path, tensorboard_path, ds_config, next_sentence_prediction. Nothing is added
+    to `args` after this: the run reads its RunConfig."""
+    config = _read_json(args.config_file, "job config (--cf)")
+    seq = str(args.max_seq_length)
+    datasets = _require(config, ["data", "mixed_seq_datasets"], args.config_file)
+    training = _require(config, ["mixed_seq_training"], args.config_file)
+    for name, table in (("data.mixed_seq_datasets", datasets), ("mixed_seq_training", training)):
+        if seq not in table:
+            raise InputError(f"{args.config_file}: {name} has no entry for --max_seq_length {seq}; "
+                             f"entries: {', '.join(sorted(table))}")
+    config["data"]["datasets"] = datasets[seq]
+    config["training"] = training[seq]
+    for key in ("num_epochs", "learning_rate", "warmup_proportion", "total_training_steps"):
+        _require(config, ["training", key], f"{args.config_file} (mixed_seq_training.{seq})")
+    if args.lr_schedule not in LR_SCHEDULES:
+        raise InputError(f"--lr_schedule {args.lr_schedule!r} is not a known schedule; expected one of "
+                         f"{', '.join(LR_SCHEDULES)} ({schedule_help()})")
+    for key in LR_SCHEDULES[args.lr_schedule].needs:
+        _require(config, ["training", key], f"{args.config_file} (mixed_seq_training.{seq})")
+    _require(config, ["bert_model_config"], args.config_file)
+    check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})")
+    args.config = config
+    args.job_name = args.job_name or config.get("name") or "bing_bert"
+    if args.job_name in (".", "..") or os.sep in args.job_name or (os.altsep and os.altsep in args.job_name):
+        raise InputError(f"job name {args.job_name!r} (--job_name, or the job config's 'name') must be a plain folder "
+                         f"name: the run writes OUT/saved_models/NAME and OUT/runs/NAME")
+    args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
+                                         args.data_path_prefix, args.config_file)
+    vocab = load_vocab(args.vocab_file)
+    args.vocab_size = vocab_size_padded(vocab_size(vocab))  # the model's rows, repeated lines included
+    if len(vocab) < vocab_size(vocab):
+        logger.warning("%s: %d repeated line(s); a repeated token keeps the id of its last line, and "
+                       "every line keeps its row in the model", args.vocab_file, vocab_size(vocab) - len(vocab))
+    args.saved_model_path = os.path.join(args.output_dir, "saved_models", args.job_name)
+    args.tensorboard_path = os.path.join(args.output_dir, "runs", args.job_name)
+    if args.deepspeed_config is None:
+        raise InputError("--deepspeed_config is required (a DeepSpeed JSON config, e.g. ds_config.json)")
+    args.ds_config = _read_json(args.deepspeed_config, "DeepSpeed config (--deepspeed_config)")
+    if args.progressive_layer_drop and "progressive_layer_drop" not in args.ds_config:
+        raise InputError(f"{args.deepspeed_config}: --progressive_layer_drop needs a 'progressive_layer_drop' "
+                         f"block ({{\"enabled\": true, \"theta\": 0.5, \"gamma\": 0.001}})")
+    if args.max_predictions_per_seq > args.max_seq_length:
+        raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
+                         f"--max_seq_length {args.max_seq_length}")
+    check_config_values(args)
+    return args
+
+
+def _check_value(value, name, low, *, above=False, high=None, integer=False):
+    """InputError unless `value` is a JSON/command-line number (an int where `integer`) in
+    [low, high], or (low, high] where `above`. A quoted number ("0.01") is refused by name."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, str):
+        raise InputError(f"{name} must be {kind}, got the string {value!r} (remove the quotes)")
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name} must be {kind}, got {value!r}")
+    if (value <= low if above else value < low) or (high is not None and value > high):
+        bounds = f"{'>' if above else '>='} {low}" + ("" if high is None else f" and <= {high}")
+        raise InputError(f"{name} must be {bounds}, got {value!r}")
+
+
+def check_config_values(args):
+    """Refuse values no run can mean, before any work, with one line naming the key or flag:
+    the training section's numbers (learning_rate > 0, total_training_steps >= 1 and
+    num_epochs >= 1 whole numbers, warmup_proportion in [0, 1], decay_step > 0, decay_rate in
+    (0, 1], weight_decay >= 0, num_workers >= 0; never quoted strings), the model sizes of
+    bert_model_config, and the step and size flags."""
+    where = f"{args.config_file}: mixed_seq_training.{args.max_seq_length}"
+    training = args.config["training"]
+    rules = {"learning_rate": dict(low=0, above=True),
+             "total_training_steps": dict(low=1, integer=True),
+             "num_epochs": dict(low=1, integer=True),
+             "warmup_proportion": dict(low=0, high=1),
+             "decay_step": dict(low=0, above=True),
+             "decay_rate": dict(low=0, above=True, high=1),
+             "weight_decay": dict(low=0),
+             "num_workers": dict(low=0, integer=True)}
+    for key, rule in rules.items():
+        if key in training:
+            _check_value(training[key], f"{where}.{key}", **rule)
+    try:
+        model_config = BertConfig.from_dict(args.config["bert_model_config"])
+    except BertConfigError as e:
+        raise InputError(f"{args.config_file}: {e}") from None
+    for flag, low in (("max_seq_length", 5), ("max_predictions_per_seq", 1), ("print_steps", 1),
+                      ("max_steps", 1), ("max_steps_per_epoch", 1), ("refresh_bucket_size", 1),
+                      ("checkpoint_every_steps", 0), ("keep_last_checkpoints", 0), ("max_nonfinite_steps", 1)):
+        _check_value(getattr(args, flag), f"--{flag}", low, integer=True)
+    if args.max_seq_length > model_config.max_position_embeddings:
+        raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
+                         f"{model_config.max_position_embeddings} of {args.config_file}")
+    _check_value(args.dist_timeout, "--dist_timeout", 0, above=True)
+    _check_value(args.lr_offset, "--lr_offset", -math.inf)  # any finite number: a NaN offset makes every weight NaN
+    if args.peak_tflops not in (None, MEASURE):
+        try:
+            args.peak_tflops = float(args.peak_tflops)
+        except ValueError:
+            raise InputError(f"--peak_tflops must be a number or '{MEASURE}', got {args.peak_tflops!r}") from None
+        _check_value(args.peak_tflops, "--peak_tflops", 0, above=True)
+    if args.max_train_hours is not None:
+        _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
+    for epoch in args.ckpt_to_save or ():
+        _check_value(epoch, "--ckpt_to_save", 1, integer=True)
+
+
+def check_recipe(args, training, where):
+    """The recipe switches of a training entry (each optional, default = the original's recipe)
+    and the flags that depend on them; sets args.next_sentence_prediction. masked_lm_prob and
+    mask_split are the Bing provider's dynamic masking; NVIDIA shards carry the masking they
+    were made with (tools/prepare_data.py --masked_lm_prob)."""
+    prob = training.get("masked_lm_prob", MASKED_SHARE)
+    if not isinstance(prob, (int, float)) or not 0 < prob <= 1:
+        raise InputError(f"{where}: masked_lm_prob must be a number in (0, 1], got {prob!r}")
+    split = training.get("mask_split", list(MASK_SPLIT))
+    if (not isinstance(split, list) or len(split) != 3 or not all(isinstance(v, (int, float)) and v >= 0 for v in split)
+            or abs(sum(split) - 1.0) > 1e-6):
+        raise InputError(f"{where}: mask_split must be [mask, random, keep] shares summing to 1 "
+                         f"(the original's [0.8, 0.1, 0.1]), got {split!r}")
+    nsp = training.get("next_sentence_prediction", True)
+    if not isinstance(nsp, bool):
+        raise InputError(f"{where}: next_sentence_prediction must be true or false, got {nsp!r}")
+    args.next_sentence_prediction = nsp
+    schedule = LR_SCHEDULES.get(args.lr_schedule)
+    if schedule is not None and schedule.cooldown:
+        cooldown = training.get("cooldown_proportion", COOLDOWN_PROPORTION)
+        if not isinstance(cooldown, (int, float)) or not 0 <= cooldown <= 1:
+            raise InputError(f"{where}: cooldown_proportion must be a number in [0, 1], got {cooldown!r}")
+        if training.get("cooldown_shape", "linear") not in COOLDOWN_SHAPES:
+            raise InputError(f"{where}: cooldown_shape must be one of {', '.join(COOLDOWN_SHAPES)}, "
+                             f"got {training['cooldown_shape']!r}")
+    if schedule is not None and schedule.time_budget and not args.max_train_hours:
+        raise InputError(f"--lr_schedule {args.lr_schedule} follows the share of --max_train_hours spent; give "
+                         f"--max_train_hours")
+    if args.validation_every_steps and not args.validation_data_path_prefix:
+        raise InputError("--validation_every_steps needs a validation set (--validation_data_path_prefix)")
+
+
+def resolve_batch_sizes(ds_config, world, path):
+    """(micro batch per rank, gradient accumulation steps) as DeepSpeed will derive them from
+    its config, checked up front with a message that names the fix."""
+    train = ds_config.get("train_batch_size")
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    accum = ds_config.get("gradient_accumulation_steps")
+    for key, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise InputError(f"{path}: {key} must be a positive integer, got {value!r}")
+    if train is None and micro is None:
+        raise InputError(f"{path}: give train_batch_size or train_micro_batch_size_per_gpu")
+    if train is not None and micro is not None and accum is not None:
+        if train != micro * accum * world:
+            raise InputError(f"{path}: train_batch_size {train} != train_micro_batch_size_per_gpu {micro} "
+                             f"x gradient_accumulation_steps {accum} x world size {world}")
+    elif train is not None and micro is not None:
+        if train % (micro * world):
+            raise InputError(f"{path}: train_batch_size {train} is not a multiple of "
+                             f"train_micro_batch_size_per_gpu {micro} x world size {world}")
+        accum = train // (micro * world)
+    elif train is not None:
+        accum = accum or 1
+        if train % (accum * world):
+            raise InputError(f"{path}: train_batch_size {train} is not a multiple of "
+                             f"gradient_accumulation_steps {accum} x world size {world}")
+        micro = train // (accum * world)
+    else:
+        accum = accum or 1
+    return micro, accum
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The run's settings, built once (`from_args`) from the command line, the job config and
+    the DeepSpeed config once they are read and checked (complete_arguments), on the ranks of
+    the process group, and handed to every part of the program. Attribute names are the command
+    line's, so a function written for the original's `args` reads either (the providers take
+    one); `args` itself stays at the public boundary the original defined (construct_arguments,
+    prepare_model_optimizer, train, run, the checkpoint and validation calls)."""
+    # files and folders
+    config_file: str
+    deepspeed_config: str
+    output_dir: str
+    job_name: str
+    saved_model_path: str            # OUT/saved_models/JOB
+    tensorboard_path: str            # OUT/runs/JOB
+    data_path_prefix: str
+    validation_data_path_prefix: Optional[str]
+    vocab_file: str                  # resolved bert_token_file
+    vocab_size: int                  # the model's rows: the vocab file's lines, rounded up to a multiple of 8
+    # the configs, read and checked; config["training"] is this sequence length's section and
+    # config["data"]["datasets"] its data sets
+    config: dict
+    ds_config: dict
+    # data and batch layout
+    max_seq_length: int
+    max_predictions_per_seq: int
+    use_nvidia_dataset: bool
+    refresh_bucket_size: int
+    do_lower_case: bool
+    train_micro_batch_size_per_gpu: int   # as DeepSpeed derives it from ds_config
+    gradient_accumulation_steps: int
+    ranks: Ranks
+    # schedule and run control
+    lr_schedule: str
+    lr_offset: float
+    peak_tflops: object              # a number, 'measure' or None (turing.flops.peak_tflops)
+    rewarmup: bool
+    seed: int
+    print_steps: int
+    max_steps: int
+    max_steps_per_epoch: int
+    max_train_hours: Optional[float]
+    validation_every_steps: int
+    finetune: bool
+    log_level: str
+    dist_timeout: float
+    # checkpoints
+    auto_resume: bool
+    load_training_checkpoint: Optional[str]
+    load_checkpoint_id: Optional[str]
+    trust_checkpoint: bool
+    ckpt_to_save: Optional[tuple]
+    checkpoint_every_steps: int
+    keep_last_checkpoints: int
+    max_nonfinite_steps: int
+    use_pretrain: bool
+    # model
+    model: ModelOptions
+    next_sentence_prediction: bool
+    progressive_layer_drop: bool
+    compile: bool
+    # the resolved command line, as saved beside every checkpoint (args.json) and logged
+    arguments: dict
+
+    @property
+    def local_rank(self):
+        """This rank's place on its node (the providers' name for it)."""
+        return self.ranks.local_rank
+
+    @classmethod
+    def from_args(cls, args, ranks):
+        """The config of a parsed, checked command line (complete_arguments) on `ranks`, with the
+        micro batch and accumulation DeepSpeed will derive from its config on that many ranks."""
+        micro, accum = resolve_batch_sizes(args.ds_config, ranks.world, args.deepspeed_config)
+        derived = {"ranks", "model", "ckpt_to_save", "arguments", "train_micro_batch_size_per_gpu",
+                   "gradient_accumulation_steps"}
+        same = {f.name for f in dataclasses.fields(cls)} - derived
+        arguments = {k: v for k, v in vars(args).items() if k not in ("config", "ds_config")}
+        arguments.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
+                         vocab_sha256=vocab_digest(args.vocab_file))
+        return cls(ranks=ranks, model=ModelOptions.from_args(args), train_micro_batch_size_per_gpu=micro,
+                   gradient_accumulation_steps=accum,
+                   ckpt_to_save=tuple(args.ckpt_to_save) if args.ckpt_to_save is not None else None,
+                   arguments=arguments, **{name: getattr(args, name) for name in same})
