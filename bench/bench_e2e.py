@@ -6,7 +6,7 @@ config whose `bert_model_config` is configs/demo_original's (the anchor model: 4
 4 heads, 1024 intermediate; vocab 30,528 by default) and a DeepSpeed config with
 `--batch` as the micro batch. Then, for each provider, it runs `deepspeed deepspeed_train.py
 ... --max_steps N` and reads back what the script itself measures every 20 steps:
-samples/s and the fraction of step time spent waiting for data (`Train/samples_per_sec` and
+samples/s and the fraction of step time spent waiting for data (`Train/samples_per_s` and
 `Train/data_wait_fraction` in TensorBoard, read with turing.tb_events). The first 20-step
 window includes warm-up (first-touch allocations, the AsyncWorker filling its queue), so the
 summary reports it apart from the later, steady windows.
@@ -38,13 +38,13 @@ from turing.tb_events import read_run  # noqa: E402
 logger = logging.getLogger("bench_e2e")
 
 PROVIDERS = ("nvidia", "bing")
-THROUGHPUT_LINE = re.compile(r"step (\d+): ([0-9.]+) samples/s, ([0-9.]+)% of the time waiting for data")
+THROUGHPUT_LINE = re.compile(r"bing_bert_progress: step=(\d+), .*samples_per_s=([0-9.]+), .*data_wait=([0-9.]+)%")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--steps", type=int, default=40, help="optimizer steps per run (throughput is logged every 20)")
+    add("--steps", type=int, default=40, help="optimizer steps per run (throughput is logged every 20, the --print_steps it runs with)")
     add("--providers", default="nvidia,bing", help="comma-separated subset of nvidia,bing")
     add("--rounds", type=int, default=1, help="runs per provider, alternating the provider order")
     add("--seq", type=int, default=128, choices=[128, 512])
@@ -148,7 +148,7 @@ def run_provider(root, job_path, ds_path, provider, args, tag):
         tail = "\n".join(output.strip().splitlines()[-15:])
         raise RuntimeError(f"deepspeed_train.py ({provider}) exited with {done.returncode}:\n{tail}")
     scalars, _ = read_run(os.path.join(out, "runs", job_name))
-    rates = scalars.get("Train/samples_per_sec", [])
+    rates = scalars.get("Train/samples_per_s", [])
     waits = scalars.get("Train/data_wait_fraction", [])
     logged = [(int(s), float(r), float(w) / 100) for s, r, w in THROUGHPUT_LINE.findall(output)]
     if not rates and logged:  # TensorBoard missing: fall back on the log lines

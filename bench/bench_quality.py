@@ -114,7 +114,7 @@ def read_curve(run_dir):
     accuracy = dict(scalars.get("Validation/step/MLM_accuracy", []))
     minutes = dict(scalars.get("Validation/train_minutes", []))
     curve = [(step, round(minutes[step], 3), round(accuracy[step], 5)) for step in sorted(accuracy) if step in minutes]
-    rates = sorted(v for _, v in scalars.get("Train/samples_per_sec", []))
+    rates = sorted(v for _, v in scalars.get("Train/samples_per_s", []))
     return curve, (rates[len(rates) // 2] if rates else None)
 
 

@@ -2,6 +2,7 @@
 portable LAMB with bf16 and progressive layer drop, the time budget, --use_pretrain from
 each source, and the metrics written to TensorBoard."""
 import json
+import time
 import os
 from types import SimpleNamespace
 
@@ -200,3 +201,25 @@ def test_compile_that_cannot_be_set_up_trains_eagerly_with_a_warning(data_root, 
         capsys.readouterr().err
     losses = train_losses(tmp_path / "out")
     assert losses == plain_losses                                         # eager: the plain run exactly
+
+
+def test_training_time_leaves_out_validation_and_checkpoint_writes(data_root, tmp_path, monkeypatch):
+    """The clock behind --max_train_hours, the budget schedule and Validation/train_minutes counts
+    the step loop only: a validation that takes 4 s after epoch 1 (and the checkpoints) adds
+    nothing to it, so 8 tiny steps stay well under 4 s of training time."""
+    import deepspeed_train
+
+    real = deepspeed_train.validation_scores
+
+    def slow(*args):
+        time.sleep(4)
+        return real(*args)
+
+    monkeypatch.setattr(deepspeed_train, "validation_scores", slow)
+    out = tmp_path / "out"
+    train(data_root, out, ds_config(tmp_path), "--validation_data_path_prefix", os.path.join(data_root, "nvidia", "128"))
+    saved = torch.load(out / "saved_models" / "tiny_bert" / "epoch2_step8" / "mp_rank_00_model_states.pt",
+                       weights_only=True)
+    assert 0 < saved["train_seconds"] < 4
+    minutes = scalars(out)[0]["Validation/train_minutes"]
+    assert [s for s, _ in minutes] == [4, 8] and minutes[1][1] * 60 < 4

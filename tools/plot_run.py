@@ -11,7 +11,7 @@ Panels (a panel with no data in any run is left out):
                                                           (else the per-epoch tags against epoch)
 - validation MLM accuracy against training minutes     `Validation/step/MLM_accuracy` joined by step
                                                           with `Validation/train_minutes`
-- throughput against optimizer step                                    `Train/samples_per_sec`
+- throughput against optimizer step                                    `Train/samples_per_s`
 Each run is one colour, named after its folder, so several runs compare on one figure; NSP
 accuracy lines take colours of their own (dashed, square markers). Few points get markers and
 an integer step or epoch axis with room around them.
@@ -40,7 +40,7 @@ PANELS = [
       ("epoch", [("Validation/MLM_accuracy", None, " MLM"), ("Validation/NSP_accuracy", None, " NSP")])]),
     ("Validation MLM accuracy against training time", "MLM accuracy", False,
      [("training minutes", [("Validation/step/MLM_accuracy", "Validation/train_minutes", "")])]),
-    ("Throughput", "samples / s", False, [("optimizer step", [("Train/samples_per_sec", None, "")])]),
+    ("Throughput", "samples / s", False, [("optimizer step", [("Train/samples_per_s", None, "")])]),
 ]
 INTEGER_AXES = ("optimizer step", "epoch")
 
