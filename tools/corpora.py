@@ -164,7 +164,8 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
                 raise CorpusError(f"--input {path}: folder holds no {wanted}")
             sources.extend(found)
         else:
-            hint = " (a Hugging Face dataset name needs --input_format hf)" if "/" in path or "." not in path else ""
+            looks_like_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path) and not os.path.splitext(path)[1]
+            hint = " (a Hugging Face dataset name needs --input_format hf)" if looks_like_name else ""
             raise CorpusError(f"--input {path}: no such file or folder{hint}")
     return sources
 

@@ -185,7 +185,7 @@ class Summary:
                 "sentences": sum(s.sentences for s in self.sets.values()), "tokens": tokens,
                 "unk_tokens": unk, "unk_rate": unk / max(tokens, 1), "sequences": self.sequences,
                 "sets": sets, "seconds": round(self.seconds, 3), "setup_seconds": round(self.setup_seconds, 3),
-                "mb_per_s": self.input_bytes / 1e6 / max(self.seconds + self.setup_seconds, 1e-9),
+                "mb_per_s": self.input_bytes / 1e6 / max(self.seconds, 1e-9),
                 "reused_chunks": self.reused_chunks, "reused_input_bytes": self.reused_bytes,
                 "peak_mb": round(self.peak_mb, 1), "peak_worker_mb": round(self.peak_worker_mb, 1)}
 
@@ -212,7 +212,7 @@ class Summary:
                        f"({unk:.2%} [UNK]), {s.sequences} sequences; per shard: "
                        f"{', '.join(map(str, s.shard_sizes))}")
         rate = self.sequences / max(self.seconds, 1e-9)
-        mb_s = self.input_bytes / 1e6 / max(self.seconds + self.setup_seconds, 1e-9)
+        mb_s = self.input_bytes / 1e6 / max(self.seconds, 1e-9)
         out.append(f"  time: {self.seconds:.2f} s ({rate:,.0f} sequences/s, {mb_s:.2f} MB/s of input) after "
                    f"{self.setup_seconds:.2f} s of vocab/tokenizer set-up")
         if self.reused_chunks:
