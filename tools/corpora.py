@@ -113,24 +113,23 @@ def sniff(path, head):
     return None
 
 
+NAME_LAYOUTS = {".xml": "mediawiki", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                ".arrow": "hf", ".txt": "text"}
+
+
 def detect_layout(path):
-    """The layout of one file, from its name and then its first bytes; CorpusError if neither tells."""
-    stem = _stem(path).lower()
-    ext = os.path.splitext(stem)[1]
-    by_name = {".xml": "mediawiki", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-               ".parquet": "parquet", ".arrow": "hf", ".txt": "text"}.get(ext)
-    if by_name in ("parquet", "hf"):
+    """The layout of one file: by its name (compression suffixes aside), else by its first bytes,
+    else text when it is not compressed; CorpusError for a compressed file neither tells."""
+    by_name = NAME_LAYOUTS.get(os.path.splitext(_stem(path).lower())[1])
+    if by_name:
         return by_name
-    head = read_head(path)
-    found = sniff(path, head)
-    if by_name == "text" or (by_name is None and found is None):
-        if b"\0" in head and not _compression(path):
-            return "text"            # refused as binary, naming the offset (prepare_data)
-        if found is None and _compression(path):
-            raise CorpusError(f"{path}: cannot tell the layout of this compressed file from its name or first "
-                              f"bytes; give --input_format ({', '.join(LAYOUTS)})")
-        return "text" if by_name == "text" or found is None else found
-    return by_name if by_name is not None and (found is None or by_name == found) else (found or by_name)
+    found = sniff(path, read_head(path))
+    if found:
+        return found
+    if _compression(path):
+        raise CorpusError(f"{path}: cannot tell the layout of this compressed file from its name or first "
+                          f"bytes; give --input_format ({', '.join(LAYOUTS)})")
+    return "text"                    # as before: a file given by name is text (binary data is refused there)
 
 
 def read_head(path, n=4096):
@@ -171,28 +170,24 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
 
 
 def _folder_sources(path, input_format, skip):
-    files = sorted(os.path.join(root, name) for root, dirs, names in os.walk(path)
-                   for name in names if not name.startswith("."))
+    """The input files of a folder (recursive, sorted): .txt files as text, as before; also, unless
+    --input_format says one layout, the files other layouts are named by (wiki_NN, .xml, .jsonl,
+    .parquet, ...). Other files (notes, READMEs) are not input."""
+    files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
     if skip:
         files = [f for f in files if not os.path.realpath(f).startswith(skip)]
     sources = []
     for f in files:
         name = os.path.basename(f)
-        if input_format in (None, "text") and name.endswith(".txt"):
-            layout = "text"
-        elif input_format is None:
-            if WIKIEXTRACTOR_NAME.match(name):
-                layout = detect_layout(f)
-            elif _stem(name).lower().endswith((".xml", ".jsonl", ".json", ".ndjson", ".parquet", ".arrow")):
-                layout = detect_layout(f)
-            else:
-                continue         # as before: a folder's other files are not input
-        elif input_format == "text":
-            continue
-        else:
-            if input_format == "parquet" and not name.endswith(".parquet"):
-                continue
+        by_name = NAME_LAYOUTS.get(os.path.splitext(_stem(name).lower())[1])
+        if WIKIEXTRACTOR_NAME.match(name):
+            by_name = "wikiextractor"
+        if input_format is None and by_name is not None and (by_name == "text" or not name.startswith(".")):
+            layout = detect_layout(f) if by_name == "wikiextractor" else by_name
+        elif input_format is not None and (by_name == input_format or (by_name == "text" and input_format == "text_docs")):
             layout = input_format
+        else:
+            continue
         sources.append(Source(f, layout, os.path.getsize(f)))
     return sources
 
@@ -293,13 +288,10 @@ class ReadCounts:
 def read_documents(source, options, counts, text_reader):
     """The documents of one source: yields (document, bytes consumed)."""
     counts.layouts[source.layout] = counts.layouts.get(source.layout, 0) + 1
-    readers = {"text": lambda: text_reader.read_file(source.path), "text_docs": _read_text_docs,
-               "mediawiki": _read_mediawiki, "wikiextractor": _read_wikiextractor, "jsonl": _read_jsonl,
-               "parquet": _read_parquet, "hf": _read_hf}
     if source.layout == "text":
         yield from text_reader.read_file(source.path)
         return
-    yield from readers[source.layout](source, options, counts)
+    yield from READERS[source.layout](source, options, counts)
 
 
 def _decoded_lines(source):
@@ -331,7 +323,7 @@ def _read_text_docs(source, options, counts):
 
 def _read_wikiextractor(source, options, counts):
     """<doc id url title> blocks (the title line that starts a block is skipped), or --json lines."""
-    if sniff(source.path, read_head(source.path)) == "jsonl" or read_head(source.path).lstrip().startswith(b"{"):
+    if read_head(source.path).lstrip().startswith(b"{"):
         yield from _read_jsonl(source, replace_field(options, "text"), counts)
         return
     lines, title, consumed, start = None, None, 0, 0
@@ -559,10 +551,16 @@ def _read_hf(source, options, counts):
     yield None, source.size
 
 
+READERS = {"text_docs": _read_text_docs, "mediawiki": _read_mediawiki, "wikiextractor": _read_wikiextractor,
+           "jsonl": _read_jsonl, "parquet": _read_parquet, "hf": _read_hf}
+
+
 # ----------------------------------------------------------------------------- wikitext
 
 _COMMENT = re.compile(r"<!--.*?(-->|\Z)", re.DOTALL)
-_HEAVY = re.compile(r"\{\{|\}\}|\{\||\|\}|<ref\b[^>]*?/>|<ref\b[^>]*>|</ref\s*>", re.IGNORECASE)
+# Tables open and close at the start of a line; elsewhere "|}" is a template's empty last argument.
+_HEAVY = re.compile(r"\{\{|\}\}|^[ \t]*\{\||^[ \t]*\|\}|<ref\b[^>]*?/>|<ref\b[^>]*>|</ref\s*>",
+                    re.IGNORECASE | re.MULTILINE)
 _CLOSES = {"}}": "{{", "|}": "{|"}
 _LINK_DROP = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|wp|template|help|portal|"
                         r"draft|module|special|[a-z]{2,3}(-[a-z]+)?)\s*:", re.IGNORECASE)
@@ -581,7 +579,7 @@ def _drop_heavy(text):
     text = _COMMENT.sub("", text)
     out, stack, pos = [], [], 0     # stack: the open constructs, outermost first
     for m in _HEAVY.finditer(text):
-        tok = m.group(0).lower()
+        tok = m.group(0).strip().lower()
         if tok.startswith("<ref") and tok.endswith("/>"):
             if not stack:
                 out.append(text[pos:m.start()])

@@ -865,9 +865,26 @@ class ChunkProcessor:
         self.vocab_bytes = VocabBytes(tokens_by_id) if settings.fmt == "bing" else None
         self.splitter = corpora.SentenceSplitter(settings.splitter)
 
-    def run(self, set_name, chunk_index, documents, num_shards, path):
-        """Process a chunk and save the result to `path` (atomically: a file there is complete)."""
-        save_chunk(path, *self(set_name, chunk_index, documents, num_shards))
+    def run(self, kind, *task):
+        """A task of the pipeline: ("chunk", set name, chunk index, documents, shards, journal
+        path) processes a chunk and records it in the journal; ("rebuild", set name, path) makes
+        the same result again from a recorded chunk."""
+        return self.rebuild(*task) if kind == "rebuild" else self(*task)
+
+    def rebuild(self, set_name, path):
+        """The result of a chunk recorded by `save_chunk`: its arrays made again from its token
+        ids and sequence spans (the costly part, markup to tokens to pairs, is not redone)."""
+        stats, token_ids, spans, group_sizes, np_rng = load_chunk(path)
+        return stats, (None if spans is None else self._arrays(set_name, token_ids, spans, np_rng)), group_sizes
+
+    def _arrays(self, set_name, token_ids, spans, np_rng):
+        s = self.settings
+        if s.fmt == "nvidia":
+            # The validation set keeps its own (the original's 15%) rate, so runs whose training
+            # data is masked differently still validate on the same task.
+            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
+            return nvidia_arrays(token_ids, spans, masking, np_rng)
+        return bing_arrays(token_ids, spans, s, self.vocab_bytes)
 
     def sentences(self, documents):
         """The documents as lists of sentences, those under --min_document_words left out."""
@@ -878,7 +895,8 @@ class ChunkProcessor:
         kept = [doc for doc in documents if sum(len(line.split()) for line in doc) >= least]
         return kept, len(documents) - len(kept)
 
-    def __call__(self, set_name, chunk_index, documents, num_shards):
+    def __call__(self, set_name, chunk_index, documents, num_shards, path=None):
+        """(stats, arrays or None, sequences per shard group) of a chunk; recorded at `path` if given."""
         s = self.settings
         documents, too_short = self.sentences(documents)
         lines = [line for doc in documents for line in doc]
@@ -902,6 +920,8 @@ class ChunkProcessor:
         py_rng = random.Random(int.from_bytes(py_seed.generate_state(4).tobytes(), "little"))
         np_rng = np.random.default_rng(np_seed)
         if not docs:
+            if path:
+                save_chunk(path, stats, token_ids, None, [], np_rng)
             return stats, None, []
         spans = create_instance_spans(docs, s, py_rng)
         n = len(spans[0])
@@ -910,35 +930,41 @@ class ChunkProcessor:
         perm = np_rng.permutation(n)[np.argsort(residue, kind="stable")]
         spans = tuple(x[perm] for x in spans)
         stats.sequences = n
-        if s.fmt == "nvidia":
-            # The validation set keeps its own (the original's 15%) rate, so runs whose training
-            # data is masked differently still validate on the same task.
-            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
-            arrays = nvidia_arrays(token_ids, spans, masking, np_rng)
-        else:
-            arrays = bing_arrays(token_ids, spans, s, self.vocab_bytes)
-        return stats, arrays, np.bincount(residue, minlength=num_shards).tolist()
+        group_sizes = np.bincount(residue, minlength=num_shards).tolist()
+        if path:
+            save_chunk(path, stats, token_ids, spans, group_sizes, np_rng)
+        return stats, self._arrays(set_name, token_ids, spans, np_rng), group_sizes
 
 
-def save_chunk(path, stats, arrays, group_sizes):
-    """A chunk's result as one .npz file, written under another name and renamed into place."""
+def save_chunk(path, stats, token_ids, spans, group_sizes, np_rng):
+    """Record a chunk in the resume journal: its counts, token ids, sequence spans and the state
+    of the generator that masks them, about the size of its text (the arrays would be ~10x).
+    Written under another name and renamed into place, so a file there is complete."""
     tmp = f"{path}.tmp{os.getpid()}.npz"
     counts = np.array([getattr(stats, k) for k in SetStats.COUNTS], dtype=np.int64)
-    np.savez(tmp, _counts=counts, _group_sizes=np.array(group_sizes, dtype=np.int64), **(arrays or {}))
+    rng_state = np.frombuffer(json.dumps(np_rng.bit_generator.state).encode(), dtype=np.uint8)
+    extra = {} if spans is None else dict(zip(("a_start", "a_len", "b_start", "b_len"),
+                                              (x.astype(np.int32) for x in spans[:4])), is_random=spans[4])
+    np.savez(tmp, counts=counts, group_sizes=np.array(group_sizes, dtype=np.int64), tokens=token_ids,
+             rng=rng_state, **extra)
     os.replace(tmp, path)
 
 
 def load_chunk(path):
-    """(SetStats, arrays or None, group sizes) of a chunk saved by `save_chunk`."""
+    """(SetStats, token ids, spans or None, group sizes, masking generator) of a recorded chunk."""
     with np.load(path) as f:
-        arrays = {k: f[k] for k in f.files if not k.startswith("_")}
-        stats = SetStats(**dict(zip(SetStats.COUNTS, f["_counts"].tolist())))
-        return stats, arrays or None, f["_group_sizes"].tolist()
+        stats = SetStats(**dict(zip(SetStats.COUNTS, f["counts"].tolist())))
+        spans = None
+        if "a_start" in f.files:
+            spans = tuple(f[k].astype(np.int64) for k in ("a_start", "a_len", "b_start", "b_len")) + (f["is_random"],)
+        np_rng = np.random.default_rng()
+        np_rng.bit_generator.state = json.loads(f["rng"].tobytes())
+        return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
 
 
 def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
-    """A pool worker: turns the chunks from `tasks` (a queue; None ends) into chunk files (see
-    ChunkProcessor.run), answering on `results` (a pipe), in order, (True, None) or (False, exception)."""
+    """A pool worker: runs the tasks from `tasks` (a queue; None ends; see ChunkProcessor.run) and
+    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception)."""
     # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
     # stops the workers and removes its temporary folder.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1683,18 +1709,18 @@ def _ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
     """Process chunks in order: yields (set name, result, input bytes, reused), with a progress
     bar on a terminal and a plain progress line every PROGRESS_SECONDS otherwise.
 
-    A chunk whose file an unfinished run left is read back (reused), not processed again. With
-    a pool, at most 2 chunks per worker are in flight, so memory stays bounded. `check_stop()`
-    runs before each chunk and while waiting for a worker (it raises to stop).
+    Each chunk is recorded in the journal at its path; one recorded by an unfinished run is
+    rebuilt from there (reused) instead. With a pool, at most 2 chunks per worker are in flight,
+    so memory stays bounded. `check_stop()` runs before each chunk and while waiting for a worker
+    (it raises to stop).
     """
     in_flight = collections.deque()
     sequences = 0
     progress = _ProgressLines(total_bytes)
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,
               leave=False) as bar:
-        def emit(name, path, nbytes, reused):
+        def emit(name, result, nbytes, reused):
             nonlocal sequences
-            result = load_chunk(path)
             sequences += result[0].sequences
             bar.update(nbytes)
             bar.set_postfix(sequences=sequences, refresh=False)
@@ -1706,25 +1732,18 @@ def _ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
             name, path = task[0], task[-1]
             check_stop()
             reused = os.path.exists(path)
+            task = ("rebuild", name, path) if reused else ("chunk", *task)
             if pool is None:
-                if not reused:
-                    processor.run(*task)
-                yield emit(name, path, nbytes, reused)
+                yield emit(name, processor.run(*task), nbytes, reused)
                 continue
-            if not reused:
-                pool.submit(*task)
-            in_flight.append((name, path, nbytes, reused))
+            pool.submit(*task)
+            in_flight.append((name, nbytes, reused))
             if len(in_flight) >= 2 * workers:
-                yield _next_in_order(in_flight, pool, check_stop, emit)
+                n, b, r = in_flight.popleft()
+                yield emit(n, pool.next_result(check_stop), b, r)
         while in_flight:
-            yield _next_in_order(in_flight, pool, check_stop, emit)
-
-
-def _next_in_order(in_flight, pool, check_stop, emit):
-    name, path, nbytes, reused = in_flight.popleft()
-    if not reused:
-        pool.next_result(check_stop)
-    return emit(name, path, nbytes, reused)
+            n, b, r = in_flight.popleft()
+            yield emit(n, pool.next_result(check_stop), b, r)
 
 
 class _ProgressLines:
