@@ -112,19 +112,28 @@ def prepare_cmd(path, layout, out, vocab, workers):
 
 def run_prepare(cmd, out):
     """Run one prepare_data command; (its stats.json, wall seconds, peak RSS MB of the process tree
-    summed, peak RSS MB of its largest process), RSS sampled every 0.1 s from /proc (getrusage's
-    ru_maxrss would count this bench process's own size, which a forked child inherits)."""
+    summed, peak RSS MB of its largest process, CPU seconds of the main process and of the
+    workers), sampled every 0.1 s from /proc (getrusage's ru_maxrss would count this bench
+    process's own size, which a forked child inherits)."""
     import psutil
 
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
     peak_sum = peak_one = 0
+    cpu = {}                                   # pid -> last CPU seconds seen
+    main_thread = 0.0                          # of those, the main process's main thread
     while proc.poll() is None:
-        try:
-            rss = [p.memory_info().rss for p in [root] + root.children(recursive=True)]
-        except psutil.Error:
-            rss = []
+        rss = []
+        for p in [root] + _children(root):
+            try:
+                rss.append(p.memory_info().rss)
+                times = p.cpu_times()
+                cpu[p.pid] = times.user + times.system
+                if p.pid == proc.pid:
+                    main_thread = sum(t.user_time + t.system_time for t in p.threads() if t.id == p.pid)
+            except psutil.Error:
+                pass
         peak_sum, peak_one = max(peak_sum, sum(rss)), max([peak_one] + rss)
         time.sleep(0.1)
     _, err = proc.communicate()
@@ -132,7 +141,20 @@ def run_prepare(cmd, out):
     if proc.returncode:
         raise RuntimeError(err[-3000:])
     with open(os.path.join(out, "stats.json")) as f:
-        return json.load(f), wall, peak_sum / 2**20, peak_one / 2**20
+        stats = json.load(f)
+    main_cpu = cpu.pop(proc.pid, 0.0)
+    stats["cpu"] = {"main_s": round(main_cpu, 1), "main_thread_s": round(main_thread, 1),
+                    "workers_s": round(sum(cpu.values()), 1)}
+    return stats, wall, peak_sum / 2**20, peak_one / 2**20
+
+
+def _children(root):
+    import psutil
+
+    try:
+        return root.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def shard_digest(out):
@@ -159,6 +181,8 @@ def bench_layouts(args, make, text_bytes, vocab):
                    "text_mb_per_s": round(text_bytes / 1e6 / seconds, 3),
                    "input_mb_per_s": round(stats["input_bytes"] / 1e6 / seconds, 3),
                    "peak_rss_mb_all_processes": round(peak_sum), "peak_rss_mb_largest_process": round(peak_one),
+                   "main_cpu_s": stats["cpu"]["main_s"], "main_thread_cpu_s": stats["cpu"]["main_thread_s"],
+                   "workers_cpu_s": stats["cpu"]["workers_s"],
                    "documents": stats["documents_kept"], "sentences": stats["sentences"],
                    "sequences": stats["sequences"]}
             logger.info("%s", rec)
@@ -168,8 +192,32 @@ def bench_layouts(args, make, text_bytes, vocab):
     return records, inputs
 
 
-def bench_resume(args, path, layout, vocab, uninterrupted, kill_at):
-    """Kill the run with SIGKILL at `kill_at` s (half its pipeline), run it again, compare."""
+def bench_reading(args, make, text_bytes):
+    """The main process's share per layout: reading the input, the duplicate filter and the
+    chunking, in this process (CPU seconds): what bounds the speed-up from more workers."""
+    from tools.prepare_data import CorpusReader, DocumentFilter, iter_chunks
+
+    records = []
+    for layout in args.layouts:
+        folder = os.path.join(args.work, f"in_{layout}_{args.mb}")
+        names = [n for n in os.listdir(folder) if not n.endswith(".cache")] if os.path.isdir(folder) else []
+        path = os.path.join(folder, names[0]) if names else write_corpus(layout, folder, make)
+        sources = corpora.find_sources([path], "text_docs" if layout == "text_docs" else None)
+        t0 = time.process_time()
+        chunks = sum(1 for _ in iter_chunks(CorpusReader(sources, corpora.ReadOptions()), 2**18, 0.0,
+                                            DocumentFilter()))
+        cpu = time.process_time() - t0
+        rec = {"reading_layout": layout, "text_mb": round(text_bytes / 1e6, 1), "chunks": chunks,
+               "main_cpu_s": round(cpu, 2), "main_text_mb_per_cpu_s": round(text_bytes / 1e6 / cpu, 2)}
+        logger.info("%s", rec)
+        records.append(rec)
+    return records
+
+
+def bench_resume(args, path, layout, vocab, ref):
+    """Kill the run with SIGKILL halfway through its pipeline (by the uninterrupted run `ref`'s
+    time), run it again, compare time and CPU seconds (CPU: robust to a busy machine)."""
+    uninterrupted, kill_at = ref["wall_seconds"], ref["wall_seconds"] - ref["seconds"] / 2
     workers = max(args.workers)
     reference = os.path.join(args.work, f"out_{layout}_{workers}")
     out = os.path.join(args.work, f"resume_{layout}")
@@ -183,11 +231,15 @@ def bench_resume(args, path, layout, vocab, uninterrupted, kill_at):
     chunks = os.path.join(out, ".prepare_data.work", "chunks")
     done = len(os.listdir(chunks)) if os.path.isdir(chunks) else 0
     stats, wall, _, _ = run_prepare(cmd, out)
+    cpu = stats["cpu"]["main_s"] + stats["cpu"]["workers_s"]
+    ref_cpu = ref["main_cpu_s"] + ref["workers_cpu_s"]
     rec = {"resume_layout": layout, "workers": workers, "killed_after_s": round(kill_at, 1),
            "chunks_done_at_kill": done, "reused_chunks": stats["reused_chunks"],
            "reused_input_mb": round(stats["reused_input_bytes"] / 1e6, 1),
            "uninterrupted_s": round(uninterrupted, 1), "resumed_run_s": round(wall, 1),
-           "saved_s": round(uninterrupted - wall, 1), "identical": shard_digest(out) == shard_digest(reference)}
+           "saved_s": round(uninterrupted - wall, 1), "uninterrupted_cpu_s": round(ref_cpu, 1),
+           "resumed_run_cpu_s": round(cpu, 1), "saved_cpu_share": round(1 - cpu / ref_cpu, 3),
+           "identical": shard_digest(out) == shard_digest(reference)}
     logger.info("%s", rec)
     shutil.rmtree(out)
     shutil.rmtree(reference)
@@ -273,6 +325,8 @@ def main(argv=None):
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     p.add_argument("--resume", default=None, choices=ALL_LAYOUTS, help="also kill and resume this layout's run")
     p.add_argument("--splitters", action="store_true", help="also the splitter and wikitext measurements")
+    p.add_argument("--reading", action="store_true",
+                   help="only the main process's reading and filtering per layout (no prepare_data runs)")
     p.add_argument("--output", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -291,6 +345,9 @@ def main(argv=None):
     common = {"date": datetime.datetime.now().isoformat(timespec="minutes"), "cpus": os.cpu_count(),
               "load_average": load_average(), "bench": "prepare"}
     records = []
+    if args.reading:
+        records += bench_reading(args, make, text_bytes)
+        args.layouts = []
     if args.splitters:
         records += bench_splitters(ZipfDocuments(5)) + bench_wikitext(ZipfDocuments(5))
     if args.layouts:
@@ -298,8 +355,7 @@ def main(argv=None):
         records += layout_records
         if args.resume:
             ref = [r for r in layout_records if r["layout"] == args.resume and r["workers"] == max(args.workers)]
-            records += bench_resume(args, inputs[args.resume], args.resume, vocab, ref[0]["wall_seconds"],
-                                    ref[0]["wall_seconds"] - ref[0]["seconds"] / 2)
+            records += bench_resume(args, inputs[args.resume], args.resume, vocab, ref[0])
     for rec in records:
         rec.update(common, load_average_end=load_average())
     append_json_lines(args.output, records)

@@ -83,6 +83,8 @@ def test_wikitext_loses_its_markup_and_keeps_link_text():
         "See [https://example.com the site] and <math>x^2</math> here.\n[[Category:Rivers]]\n[[de:Alder]]")
     assert text.split("\n") == ["The Alder is a river in the north. It flows south.", "A list item & more.",
                                 "See the site and here."]
+    # A template's empty last argument ("|}}") is not a table's end; an unclosed one drops the rest.
+    assert corpora.wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
 
 
 def run(corpus, out, *inputs, fmt="bing", extra=()):
@@ -301,3 +303,13 @@ def test_bz2_reader_streams_pages(corpus):
     steps = [n for _, n in corpora.read_documents(sources[0], corpora.ReadOptions(), corpora.ReadCounts(), None)]
     assert sum(steps) == os.path.getsize(corpus.paths["bz2"])
     assert bz2.decompress(open(corpus.paths["multistream"], "rb").read()).startswith(b"<mediawiki")
+
+
+def test_hf_reads_arrow_files_and_local_data_files(corpus):
+    """`datasets` beyond save_to_disk: its .arrow files as they lie in a cache, and, with
+    --input_format hf, a local data file it streams."""
+    arrow = [os.path.join(corpus.paths["hf"], n) for n in sorted(os.listdir(corpus.paths["hf"])) if n.endswith(".arrow")]
+    docs, _, sources = documents_of(arrow[0])
+    assert sources[0].layout == "hf" and docs == corpus.expected
+    docs, _, sources = documents_of(corpus.paths["jsonl_gz"], input_format="hf")
+    assert sources[0].layout == "hf" and docs == corpus.expected
