@@ -205,3 +205,25 @@ def write_text_docs(path, documents):
         for _, paragraphs in documents:
             f.write(" ".join(paragraphs) + "\n")
     return path
+
+
+def write_hf_cache(cache_dir, name, documents, work):
+    """A dataset `name` ("owner/name") as `datasets` keeps a downloaded one in its cache
+    (cache_dir/owner___name/default/0.0.0/HASH/name-train.arrow + dataset_info.json), made from
+    local JSON lines by `datasets`' own json builder: what an offline load finds."""
+    import glob
+    import shutil
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    data = write_jsonl(os.path.join(work, "hf_cache_source.jsonl"), documents)
+    datasets.load_dataset("json", data_files=data, split="train", cache_dir=os.path.join(work, "hf_build"))
+    built = [d for d in glob.glob(os.path.join(work, "hf_build", "json", "*", "*", "*")) if os.path.isdir(d)][0]
+    target = os.path.join(cache_dir, name.replace("/", "___"), "default", "0.0.0", os.path.basename(built))
+    shutil.copytree(built, target)
+    short = name.split("/")[-1]
+    for f in os.listdir(target):
+        if f.startswith("json-"):
+            os.rename(os.path.join(target, f), os.path.join(target, f"{short}-{f[len('json-'):]}"))
+    return target

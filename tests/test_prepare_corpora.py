@@ -313,3 +313,24 @@ def test_hf_reads_arrow_files_and_local_data_files(corpus):
     assert sources[0].layout == "hf" and docs == corpus.expected
     docs, _, sources = documents_of(corpus.paths["jsonl_gz"], input_format="hf")
     assert sources[0].layout == "hf" and docs == corpus.expected
+
+
+def test_a_cached_hf_dataset_name_is_read_offline(corpus, tmp_path, monkeypatch):
+    import datasets
+
+    cache = tmp_path / "hf_cache"
+    files.write_hf_cache(str(cache), "someone/corpus", corpus.docs, str(tmp_path))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    stats = run(corpus, tmp_path / "o", "someone/corpus", extra=["--input_format", "hf", "--hf_split", "train"])
+    assert stats["documents_kept"] == len(corpus.docs) and stats["sentences"] == sum(map(len, corpus.expected))
+
+
+def test_compressed_sentence_per_line_text_is_read(corpus, tmp_path, capsys):
+    packed = tmp_path / "docs.txt.gz"
+    packed.write_bytes(gzip.compress(open(corpus.paths["text"], "rb").read()))
+    docs, _, sources = documents_of(str(packed))
+    assert sources[0].layout == "text" and docs == corpus.expected
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(packed.read_bytes()[:packed.stat().st_size // 2])
+    line = error_of(capsys, ["--input", cut, *base(corpus, tmp_path / "o")])
+    assert f"{cut}: gzip data cut short at byte" in line

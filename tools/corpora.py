@@ -84,14 +84,15 @@ class ReadOptions:
     skip_bad_records: bool = False
 
 
-def _compression(path):
+def compression(path):
+    """"gzip", "bzip2", "xz" or "zstd" by the file name's suffix, else None."""
     return COMPRESSED.get(os.path.splitext(path)[1].lower())
 
 
 def _stem(path):
     """The file name without a compression suffix: wiki.xml.bz2 -> wiki.xml."""
     name = os.path.basename(path)
-    return os.path.splitext(name)[0] if _compression(name) else name
+    return os.path.splitext(name)[0] if compression(name) else name
 
 
 def is_hf_folder(path):
@@ -126,7 +127,7 @@ def detect_layout(path):
     found = sniff(path, read_head(path))
     if found:
         return found
-    if _compression(path):
+    if compression(path):
         raise CorpusError(f"{path}: cannot tell the layout of this compressed file from its name or first "
                           f"bytes; give --input_format ({', '.join(LAYOUTS)})")
     return "text"                    # as before: a file given by name is text (binary data is refused there)
@@ -245,7 +246,7 @@ class open_stream:
 
     def __enter__(self):
         self.raw = open(self.path, "rb")
-        kind = _compression(self.path)
+        kind = compression(self.path)
         if kind == "gzip":
             stream = gzip.GzipFile(fileobj=self.raw, mode="rb")
         elif kind == "bzip2":
@@ -266,7 +267,7 @@ class open_stream:
 
 def corrupt_data_error(path, raw, error):
     """The one line for a compressed file that is cut short or damaged."""
-    kind = _compression(path) or "file"
+    kind = compression(path) or "file"
     where = raw.tell() if not raw.closed else "?"
     size = os.path.getsize(path)
     cut = "cut short" if isinstance(error, EOFError) else "damaged"

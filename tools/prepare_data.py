@@ -300,12 +300,27 @@ class DocumentReader:
             yield from self.read_file(path)
 
     def read_file(self, path):
-        """The documents of one file, as __iter__ yields them."""
+        """The documents of one file (.gz, .bz2, .xz, .zst too), as __iter__ yields them."""
+        try:
+            yield from self._read_file(path)
+        except (EOFError, OSError) as e:
+            if not corpora.compression(path):
+                raise
+            raise corpora.corrupt_data_error(path, self._raw, e) from None
+
+    def _read_file(self, path):
         lines, consumed = [], 0
         size = count = pieces = start = 0       # of the open document: text bytes, lines, cuts, first line
-        with open(path, "rb") as f:
+        with corpora.open_stream(path) as (f, self._raw):
+            compressed = f is not self._raw
+            last = 0
             for number, raw in enumerate(f, start=1):
-                consumed += len(raw)
+                if compressed:                  # bytes of the file as stored, for the progress bar
+                    position = self._raw.tell()
+                    consumed += position - last
+                    last = position
+                else:
+                    consumed += len(raw)
                 line = decode_line(raw, path, number).strip()
                 if not line:
                     if lines or pieces:
@@ -357,7 +372,7 @@ def input_sources(args):
     sources = corpora.find_sources(args.input, args.input_format, exclude=args.output_dir,
                                    options=read_options(args))
     for source in sources:
-        if source.layout in ("text", "text_docs") and not corpora._compression(source.path):
+        if source.layout in ("text", "text_docs") and not corpora.compression(source.path):
             with open(source.path, "rb") as f:
                 head = f.read(1 << 16)
             if b"\0" in head:
@@ -1544,7 +1559,8 @@ def build_vocab(args, sources, options, journal):
         logger.info("reusing the vocab the unfinished run trained (%s)", journal.vocab)
         return journal.vocab
     budget = int(args.vocab_sample_mb * 2**20)
-    if all(s.layout == "text" for s in sources) and sum(s.size for s in sources) <= budget:
+    plain = all(s.layout == "text" and not corpora.compression(s.path) for s in sources)
+    if plain and sum(s.size for s in sources) <= budget:
         files = [s.path for s in sources]
     else:
         sample = os.path.join(journal.tmp, "vocab_sample.txt")
