@@ -85,7 +85,7 @@ class ReadOptions:
 
 
 def compression(path):
-    """"gzip", "bzip2", "xz" or "zstd" by the file name's suffix, else None."""
+    """The compression of a file by its suffix: "gzip", "bzip2", "xz", "zstd", or None."""
     return COMPRESSED.get(os.path.splitext(path)[1].lower())
 
 

@@ -1698,7 +1698,7 @@ class WorkerPool:
                                                          if p.exitcode < 0 else f"exit code {p.exitcode}"))
         return (f"--workers: {', '.join(ended) or 'a worker process ended'} while preparing the shards "
                 "(SIGKILL is what the out-of-memory killer sends: lower --workers or --chunk_size_mb); "
-                "nothing was written")
+                "no shard was written (the finished chunks are kept: the same command continues from them)")
 
     def close(self):
         """Let the workers finish and exit (after the last result)."""
