@@ -18,7 +18,8 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
    per paragraph as the pipeline calls it) and its agreement with bench/data/sentences_gold.txt
    (84 sentences labelled by hand, 28 passages: boundary F1 and exact sentences); wikitext
    reduction MB/s (tools/corpora.py against mwparserfromhell's strip_code alone) and bz2
-   decompression MB/s, for a projection to a Wikipedia dump.
+   decompression MB/s, for a projection to a Wikipedia dump. The other candidates are not in
+   any requirements file: `pip install pysbd syntok spacy` first (a missing one is skipped).
 
     python bench/bench_prepare.py --work /tmp/bp --mb 20 --workers 1 2 --splitters
     nice python bench/bench_prepare.py --work /tmp/bp --mb 200 --layouts jsonl --workers 1 2 --resume jsonl \
