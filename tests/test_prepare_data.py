@@ -437,10 +437,20 @@ def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     original = prepare_data.ShardSet.add
     monkeypatch.setattr(prepare_data.ShardSet, "add", failing_add)
     out = tmp_path / "o"
+    argv = ["--input", str(data.corpus), "--output_dir", str(out), "--vocab_file", str(data.vocab),
+            "--max_seq_length", "64", "--chunk_size_mb", "0.004"]
     with pytest.raises(RuntimeError, match="disk full"):
-        prepare_data.main(["--input", str(data.corpus), "--output_dir", str(out), "--vocab_file", str(data.vocab),
-                           "--max_seq_length", "64", "--chunk_size_mb", "0.004"])
-    assert os.listdir(out) == []      # no shard, no vocab, no temporary folder
+        prepare_data.main(argv)
+    # No shard, no vocab, no temporary folder: only the finished chunks, for the next run.
+    assert os.listdir(out) == [prepare_data.WORK_DIR]
+    assert os.listdir(out / prepare_data.WORK_DIR / "chunks")
+    monkeypatch.setattr(prepare_data.ShardSet, "add", original)
+    assert prepare_data.main(argv) == 0
+    fresh = tmp_path / "fresh"
+    assert prepare_data.main([str(fresh) if a == str(out) else a for a in argv]) == 0
+    assert sorted(os.listdir(out)) == ["stats.json", "train", "vocab.txt"]
+    assert (out / "train" / "o_training_shard0.hdf5").read_bytes() == \
+        (fresh / "train" / "fresh_training_shard0.hdf5").read_bytes()
 
 
 def test_folder_input_reads_its_txt_files_but_not_the_output(data, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """tools/prepare_data.py on input a hostile user gives it: text without blank lines, text that
 is not UTF-8, binary files, foreign files where training reads, a worker killed mid-run and
 a SIGTERM. Each ends in a warning with counts or one error line, and never in shards that
-training would read wrongly or a temporary folder left behind."""
+training would read wrongly or a temporary folder left behind (the finished chunks stay, for the
+same command to continue from)."""
 import os
 import signal
 import subprocess
@@ -149,6 +150,16 @@ def finish(proc, workers, timeout=30):
     return code, err, running
 
 
+def assert_only_finished_chunks_left(out):
+    """What a stopped run leaves: at most its finished chunks (for the same command to continue
+    from), never a shard, a vocab or the temporary folder."""
+    assert os.listdir(out) in ([], [prepare_data.WORK_DIR])
+    if os.listdir(out):
+        work = out / prepare_data.WORK_DIR
+        assert sorted(os.listdir(work)) == ["chunks", "lock", "run.json"]
+        assert all(name.endswith(".npz") and ".tmp" not in name for name in os.listdir(work / "chunks"))
+
+
 def test_a_killed_worker_ends_the_run_with_an_error_not_a_hang(vocab, big_corpus, tmp_path):
     folder, _ = big_corpus
     out = tmp_path / "o"
@@ -161,7 +172,7 @@ def test_a_killed_worker_ends_the_run_with_an_error_not_a_hang(vocab, big_corpus
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert f"worker process {workers[0].pid} killed by SIGKILL" in lines[0] and "out-of-memory" in lines[0]
-    assert os.listdir(out) == []                      # no shard, no vocab, no temporary folder
+    assert_only_finished_chunks_left(out)            # no shard, no vocab, no temporary folder
 
 
 def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_corpus, tmp_path):
@@ -172,5 +183,5 @@ def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_c
     code, err, running = finish(proc, workers)
     assert code == 128 + signal.SIGTERM, err
     assert "error: stopped by SIGTERM; nothing was written" in err and "Traceback" not in err, err
-    assert os.listdir(out) == []
+    assert_only_finished_chunks_left(out)
     assert running == []

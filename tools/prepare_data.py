@@ -5,11 +5,16 @@ Owns the data preparation pipeline, importable (`prepare(args)`) and a command l
     python -m tools.prepare_data --input corpus.txt --output_dir OUT --format nvidia \
         --build_vocab 8000 --max_seq_length 128 --num_shards 2 --validation_fraction 0.05
 
-Input: text files (or folders of .txt files), one sentence per line, a blank line between
-documents, the format Google's and NVIDIA's BERT tools read. The text must be UTF-8: a file
-with other bytes (Latin-1, say) is refused naming its line, and a binary file (a NUL byte) is
-refused, rather than decoded with losses. A document longer than --chunk_size_mb (text without
-blank lines is one document) is cut into pieces of that size, with a warning and counts.
+Input: the layouts of tools/corpora.py, told apart by name and content (--input_format to say):
+text files (or folders of .txt files), one sentence per line, a blank line between documents,
+the format Google's and NVIDIA's BERT tools read; one document per line (text_docs); MediaWiki
+XML dumps; WikiExtractor output; JSON lines; parquet; Hugging Face datasets. All but the first
+are split into sentences in the workers. The text must be UTF-8: a file with other bytes
+(Latin-1, say) is refused naming its line, and a binary file (a NUL byte) is refused, rather
+than decoded with losses. A document longer than --chunk_size_mb (text without blank lines is
+one document) is cut into pieces of that size, with a warning and counts. Exact duplicates (the
+same text up to case and whitespace) are read once; documents under --min_document_words are
+dropped; both are counted in OUT/stats.json.
 
 Output folder:
     OUT/vocab.txt                          the vocab the shards were made with
@@ -34,6 +39,15 @@ half-written shard under a final name. A worker that dies (the out-of-memory kil
 run at once with an error; SIGTERM/SIGINT stop the workers and remove the temporary folder.
 train/ and validation/ end up holding only this run's shards: anything else there is refused.
 
+Resuming. Every finished chunk is kept in OUT/.prepare_data.work (with the settings and a
+fingerprint of the input and vocab) until the run ends; the same command after a kill, a
+crash or a signal reuses them and writes the shards an uninterrupted run would have written.
+Other settings or a changed input are refused, or started afresh with --overwrite.
+
+Parts. --num_parts N --part K makes machine K's share: the documents whose hash is K mod N
+(duplicates land in the same part), written as shards named by part, so the parts written into
+one folder are one dataset for training.
+
 The shards are a function of the input, the vocab and --seed. One caveat: --build_vocab uses
 the `tokenizers` WordPiece trainer, which breaks ties between equally frequent merges in
 hash order, so two trainings on the same text may differ in a few dozen of 8,000 entries;
@@ -45,9 +59,13 @@ as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse
 import collections
+import fcntl
 import filecmp
 import functools
+import hashlib
+import heapq
 import itertools
+import json
 import logging
 import math
 import multiprocessing
@@ -71,13 +89,16 @@ import numpy.random  # noqa: F401  (numpy loads it lazily: load it once here, no
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
 
+from tools import corpora
 from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, load_vocab, special_token_ids, vocab_size
 
 logger = logging.getLogger(__name__)
 
 SEPARATOR = 0x1F                      # Bing separator layout: byte between tokens of an instance
 TRAIN, VALIDATION = "train", "validation"
-SHARD_NAME = re.compile(r"^shard_\d+$|_(training|test)_shard\d+\.hdf5$")
+SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5$")
+WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
+PROGRESS_SECONDS = 30                 # a plain progress line this often when stderr is not a terminal
 HDF5_CHUNK_BYTES = 1 << 18            # ~256 KB per hdf5 chunk: good gzip ratio, small reads
 HDF5_GZIP_LEVEL = 4                   # h5py's (and so NVIDIA's) compression="gzip" level
 
@@ -117,6 +138,8 @@ class Settings:
     sep_id: int
     mask_id: int
     unk_id: int
+    min_document_words: int = 0
+    splitter: str = corpora.SPLITTER
 
 
 @dataclass
@@ -127,7 +150,10 @@ class SetStats:
     tokens: int = 0
     unk_tokens: int = 0
     sequences: int = 0
+    too_short: int = 0              # documents under --min_document_words, dropped
     shard_sizes: list = field(default_factory=list)
+
+    COUNTS = ("documents", "sentences", "tokens", "unk_tokens", "sequences", "too_short")
 
 
 @dataclass
@@ -141,21 +167,57 @@ class Summary:
     peak_mb: float = 0.0            # peak resident memory of the main process
     peak_worker_mb: float = 0.0     # and of the largest pool worker (0: no pool)
     sets: dict = field(default_factory=dict)
+    read: dict = field(default_factory=dict)     # documents read, duplicates, other parts, bad records, ...
+    reused_chunks: int = 0          # chunks an interrupted run had finished, reused
+    reused_bytes: int = 0           # and the input bytes they cover
+    part: str = ""                  # "K of N" with --num_parts
+
+    def stats(self):
+        """What OUT/stats.json holds."""
+        sets = {name: {k: getattr(s, k) for k in SetStats.COUNTS} | {"shard_sizes": s.shard_sizes}
+                for name, s in self.sets.items()}
+        tokens = sum(s.tokens for s in self.sets.values())
+        unk = sum(s.unk_tokens for s in self.sets.values())
+        kept = sum(s.documents for s in self.sets.values())
+        return {"output_dir": self.output_dir, "format": self.fmt, "part": self.part or None,
+                "input_bytes": self.input_bytes, **self.read, "documents_kept": kept,
+                "too_short": sum(s.too_short for s in self.sets.values()),
+                "sentences": sum(s.sentences for s in self.sets.values()), "tokens": tokens,
+                "unk_tokens": unk, "unk_rate": unk / max(tokens, 1), "sequences": self.sequences,
+                "sets": sets, "seconds": round(self.seconds, 3), "setup_seconds": round(self.setup_seconds, 3),
+                "mb_per_s": self.input_bytes / 1e6 / max(self.seconds, 1e-9),
+                "reused_chunks": self.reused_chunks, "reused_input_bytes": self.reused_bytes,
+                "peak_mb": round(self.peak_mb, 1), "peak_worker_mb": round(self.peak_worker_mb, 1)}
 
     @property
     def sequences(self):
         return sum(s.sequences for s in self.sets.values())
 
     def lines(self):
-        out = [f"prepared {self.fmt} shards in {self.output_dir} from {self.input_bytes / 1e6:.2f} MB of text"]
+        part = f" (part {self.part})" if self.part else ""
+        out = [f"prepared {self.fmt} shards in {self.output_dir}{part} from {self.input_bytes / 1e6:.2f} MB of input"]
+        r = self.read
+        if r:
+            too_short = sum(s.too_short for s in self.sets.values())
+            extra = [f"{r['duplicates']} exact duplicates", f"{too_short} under --min_document_words"]
+            extra += [f"{r[k]} {what}" for k, what in (("bad_records", "bad records skipped"),
+                                                        ("redirects", "redirects"),
+                                                        ("other_pages", "non-article pages"),
+                                                        ("other_parts", "in other parts")) if r.get(k)]
+            out.append(f"  input: {r['documents_read']} documents read ({', '.join(r['layouts'])}), "
+                       f"{', '.join(extra)} left out")
         for name, s in self.sets.items():
             unk = s.unk_tokens / max(s.tokens, 1)
             out.append(f"  {name}: {s.documents} documents, {s.sentences} sentences, {s.tokens} tokens "
                        f"({unk:.2%} [UNK]), {s.sequences} sequences; per shard: "
                        f"{', '.join(map(str, s.shard_sizes))}")
         rate = self.sequences / max(self.seconds, 1e-9)
-        out.append(f"  time: {self.seconds:.2f} s ({rate:,.0f} sequences/s) after "
+        mb_s = self.input_bytes / 1e6 / max(self.seconds, 1e-9)
+        out.append(f"  time: {self.seconds:.2f} s ({rate:,.0f} sequences/s, {mb_s:.2f} MB/s of input) after "
                    f"{self.setup_seconds:.2f} s of vocab/tokenizer set-up")
+        if self.reused_chunks:
+            out.append(f"  reused {self.reused_chunks} chunks ({self.reused_bytes / 1e6:.2f} MB of input) "
+                       "an interrupted run had finished")
         out.append(f"  peak memory: {self.peak_mb:.0f} MB (largest worker {self.peak_worker_mb:.0f} MB)"
                    if self.peak_worker_mb else f"  peak memory: {self.peak_mb:.0f} MB")
         return out
@@ -235,35 +297,54 @@ class DocumentReader:
         """Yield (document, bytes read): a list of non-blank lines, and the input consumed since
         the previous yield (for the progress bar); the document may be empty."""
         for path in self.files:
-            lines, consumed = [], 0
-            size = count = pieces = start = 0       # of the open document: text bytes, lines, cuts, first line
-            with open(path, "rb") as f:
-                for number, raw in enumerate(f, start=1):
+            yield from self.read_file(path)
+
+    def read_file(self, path):
+        """The documents of one file (.gz, .bz2, .xz, .zst too), as __iter__ yields them."""
+        try:
+            yield from self._read_file(path)
+        except (EOFError, OSError) as e:
+            if not corpora.compression(path):
+                raise
+            raise corpora.corrupt_data_error(path, self._raw, e) from None
+
+    def _read_file(self, path):
+        lines, consumed = [], 0
+        size = count = pieces = start = 0       # of the open document: text bytes, lines, cuts, first line
+        with corpora.open_stream(path) as (f, self._raw):
+            compressed = f is not self._raw
+            last = 0
+            for number, raw in enumerate(f, start=1):
+                if compressed:                  # bytes of the file as stored, for the progress bar
+                    position = self._raw.tell()
+                    consumed += position - last
+                    last = position
+                else:
                     consumed += len(raw)
-                    line = decode_line(raw, path, number).strip()
-                    if not line:
-                        if lines or pieces:
-                            self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
-                            yield lines, consumed
-                            lines, consumed, size, count, pieces = [], 0, 0, 0, 0
-                        continue
-                    if not lines and not pieces:
-                        start = number
-                    lines.append(line)
-                    size += len(line)
-                    count += 1
-                    if self.max_document_bytes and size >= (pieces + 1) * self.max_document_bytes:
-                        if not pieces:
-                            logger.warning("%s:%d: a document of more than %.2f MB of text (--chunk_size_mb): cut "
-                                           "into pieces of that size. Are blank lines between documents missing?",
-                                           path, start, self.max_document_bytes / 2**20)
-                        pieces += 1
+                line = decode_line(raw, path, number).strip()
+                if not line:
+                    if lines or pieces:
+                        self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
                         yield lines, consumed
-                        lines, consumed = [], 0
-            if lines or pieces:
-                self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
-            if lines or consumed:
-                yield lines, consumed
+                        lines, consumed, size, count, pieces = [], 0, 0, 0, 0
+                    continue
+                if not lines and not pieces:
+                    start = number
+                lines.append(line)
+                size += len(line)
+                count += 1
+                if self.max_document_bytes and size >= (pieces + 1) * self.max_document_bytes:
+                    if not pieces:
+                        logger.warning("%s:%d: a document of more than %.2f MB of text (--chunk_size_mb): cut "
+                                       "into pieces of that size. Are blank lines between documents missing?",
+                                       path, start, self.max_document_bytes / 2**20)
+                    pieces += 1
+                    yield lines, consumed
+                    lines, consumed = [], 0
+        if lines or pieces:
+            self._ended(size, count, pieces + bool(lines), f"{path}:{start}")
+        if lines or consumed:
+            yield lines, consumed
 
     def _ended(self, size, count, pieces, where):
         self.documents += 1
@@ -286,6 +367,67 @@ class DocumentReader:
         return out
 
 
+def input_sources(args):
+    """The input sources of `args` (tools/corpora.py), text ones checked for binary data."""
+    sources = corpora.find_sources(args.input, args.input_format, exclude=args.output_dir,
+                                   options=read_options(args))
+    for source in sources:
+        if source.layout in ("text", "text_docs") and not corpora.compression(source.path):
+            with open(source.path, "rb") as f:
+                head = f.read(1 << 16)
+            if b"\0" in head:
+                raise PrepareDataError(f"{source.path}: binary data (a NUL byte at offset {head.index(0)}), not "
+                                       "text; give UTF-8 text files only (or --input_format for another layout)")
+    return sources
+
+
+def read_options(args):
+    return corpora.ReadOptions(text_field=args.text_field, hf_split=args.hf_split, hf_config=args.hf_config,
+                               skip_bad_records=args.skip_bad_records)
+
+
+class CorpusReader:
+    """The documents of every source in order (iterate: (document, bytes consumed)), the text
+    ones through a DocumentReader (so long documents are cut as there), and what was met."""
+
+    def __init__(self, sources, options, max_document_bytes=None):
+        self.sources, self.options = sources, options
+        self.text = DocumentReader([], max_document_bytes)
+        self.counts = corpora.ReadCounts()
+
+    def __iter__(self):
+        for source in self.sources:
+            yield from corpora.read_documents(source, self.options, self.counts, self.text)
+
+    def warnings(self):
+        if all(s.layout == "text" for s in self.sources):
+            return self.text.warnings()
+        return self.text.warnings()[:1] if self.text.cut else []
+
+
+class DocumentFilter:
+    """Which documents a run keeps: one copy of each (exact duplicates: the same corpora.document_key)
+    and, with --num_parts, those of this part (key mod N, so all copies land in one part)."""
+
+    def __init__(self, num_parts=1, part=0, dedup=True):
+        self.num_parts, self.part, self.dedup = num_parts, part, dedup
+        self.seen = set()              # 64-bit keys: ~70 bytes of memory per document kept
+        self.read = self.duplicates = self.other_parts = 0
+
+    def __call__(self, document):
+        key = corpora.document_key(document)
+        if self.num_parts > 1 and key % self.num_parts != self.part:
+            self.other_parts += 1
+            return False
+        self.read += 1
+        if self.dedup:
+            if key in self.seen:
+                self.duplicates += 1
+                return False
+            self.seen.add(key)
+        return True
+
+
 def is_validation_document(index, fraction):
     """Document `index` goes to validation when the running count floor(index*fraction) steps.
 
@@ -294,24 +436,25 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
-    grouping depends only on the input, so the output does not depend on --workers.
+    grouping depends only on the input, so the output does not depend on --workers. `keep`
+    (a DocumentFilter) decides which documents are kept.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
     index = 0
     for doc, nbytes in documents:
         consumed += nbytes
-        if not doc:
+        if not doc or (keep is not None and not keep(doc)):
             continue
         name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
         index += 1
         entry = pending[name]
         entry[0].append(doc)
-        entry[1] += sum(map(len, doc))
+        entry[1] += corpora.document_size(doc)
         if entry[1] >= chunk_bytes:
             yield name, entry[2], entry[0], consumed
             consumed = 0
@@ -348,6 +491,47 @@ def train_vocab(files, vocab_size, do_lower_case, path):
         for token, _ in tokens:
             f.write(token + "\n")
     return len(tokens)
+
+
+def sample_documents(documents, budget, seed):
+    """A seeded sample of about `budget` characters of text from a stream of documents, in input
+    order, uniform over documents, holding at most the budget (plus a document) at any time: the
+    documents of the smallest random keys that fit (a bounded heap), whatever the corpus size."""
+    rng = random.Random(seed)
+    heap, total = [], 0                # (-key, index, document): the largest key on top
+    for index, (doc, _) in enumerate(documents):
+        if not doc:
+            continue
+        key = rng.random()
+        if total >= budget and heap and key >= -heap[0][0]:
+            continue
+        heapq.heappush(heap, (-key, index, doc))
+        total += corpora.document_size(doc)
+        while total > budget and len(heap) > 1:
+            total -= corpora.document_size(heapq.heappop(heap)[2])
+    return [doc for _, _, doc in sorted(heap, key=lambda entry: entry[1])]
+
+
+def _sentences_of(documents, splitter=corpora.SPLITTER):
+    split = corpora.SentenceSplitter(splitter)
+    return ["\n".join(corpora.document_sentences(doc, split)) for doc in documents]
+
+
+def write_vocab_sample(reader, path, budget, seed, workers):
+    """Write the sample `train_vocab` reads for a large or non-text corpus, one sentence per line:
+    documents sampled by `sample_documents`, markup removed and split in `workers` processes."""
+    sample = sample_documents(reader, budget, seed)
+    batches = [sample[i:i + 64] for i in range(0, len(sample), 64)]
+    with open(path, "w", encoding="utf-8") as f:
+        if workers > 1 and len(batches) > 1:
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+            with ctx.Pool(workers) as pool:
+                for texts in pool.imap(_sentences_of, batches):
+                    f.writelines(t + "\n\n" for t in texts if t)
+        else:
+            for batch in batches:
+                f.writelines(t + "\n\n" for t in _sentences_of(batch) if t)
+    return len(sample), sum(map(corpora.document_size, sample))
 
 
 def check_vocab(vocab_file, fmt, bing_layout):
@@ -694,13 +878,46 @@ class ChunkProcessor:
         self.settings = settings
         self.words = WordCacheTokenizer(tokenizer)
         self.vocab_bytes = VocabBytes(tokens_by_id) if settings.fmt == "bing" else None
+        self.splitter = corpora.SentenceSplitter(settings.splitter)
 
-    def __call__(self, set_name, chunk_index, documents, num_shards):
+    def run(self, kind, *task):
+        """A task of the pipeline: ("chunk", set name, chunk index, documents, shards, journal
+        path) processes a chunk and records it in the journal; ("rebuild", set name, path) makes
+        the same result again from a recorded chunk."""
+        return self.rebuild(*task) if kind == "rebuild" else self(*task)
+
+    def rebuild(self, set_name, path):
+        """The result of a chunk recorded by `save_chunk`: its arrays made again from its token
+        ids and sequence spans (the costly part, markup to tokens to pairs, is not redone)."""
+        stats, token_ids, spans, group_sizes, np_rng = load_chunk(path)
+        return stats, (None if spans is None else self._arrays(set_name, token_ids, spans, np_rng)), group_sizes
+
+    def _arrays(self, set_name, token_ids, spans, np_rng):
         s = self.settings
+        if s.fmt == "nvidia":
+            # The validation set keeps its own (the original's 15%) rate, so runs whose training
+            # data is masked differently still validate on the same task.
+            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
+            return nvidia_arrays(token_ids, spans, masking, np_rng)
+        return bing_arrays(token_ids, spans, s, self.vocab_bytes)
+
+    def sentences(self, documents):
+        """The documents as lists of sentences, those under --min_document_words left out."""
+        documents = [corpora.document_sentences(doc, self.splitter) for doc in documents]
+        least = self.settings.min_document_words
+        if not least:
+            return documents, 0
+        kept = [doc for doc in documents if sum(len(line.split()) for line in doc) >= least]
+        return kept, len(documents) - len(kept)
+
+    def __call__(self, set_name, chunk_index, documents, num_shards, path=None):
+        """(stats, arrays or None, sequences per shard group) of a chunk; recorded at `path` if given."""
+        s = self.settings
+        documents, too_short = self.sentences(documents)
         lines = [line for doc in documents for line in doc]
         token_ids, per_line = self.words.encode_lines(lines)
         stats = SetStats(unk_tokens=int(np.count_nonzero(token_ids == s.unk_id)),
-                         tokens=len(token_ids))
+                         tokens=len(token_ids), too_short=too_short)
         # Documents as (first token, sentence lengths); sentences without tokens are dropped.
         docs, line, start = [], 0, 0
         for doc in documents:
@@ -718,6 +935,8 @@ class ChunkProcessor:
         py_rng = random.Random(int.from_bytes(py_seed.generate_state(4).tobytes(), "little"))
         np_rng = np.random.default_rng(np_seed)
         if not docs:
+            if path:
+                save_chunk(path, stats, token_ids, None, [], np_rng)
             return stats, None, []
         spans = create_instance_spans(docs, s, py_rng)
         n = len(spans[0])
@@ -726,19 +945,41 @@ class ChunkProcessor:
         perm = np_rng.permutation(n)[np.argsort(residue, kind="stable")]
         spans = tuple(x[perm] for x in spans)
         stats.sequences = n
-        if s.fmt == "nvidia":
-            # The validation set keeps its own (the original's 15%) rate, so runs whose training
-            # data is masked differently still validate on the same task.
-            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
-            arrays = nvidia_arrays(token_ids, spans, masking, np_rng)
-        else:
-            arrays = bing_arrays(token_ids, spans, s, self.vocab_bytes)
-        return stats, arrays, np.bincount(residue, minlength=num_shards).tolist()
+        group_sizes = np.bincount(residue, minlength=num_shards).tolist()
+        if path:
+            save_chunk(path, stats, token_ids, spans, group_sizes, np_rng)
+        return stats, self._arrays(set_name, token_ids, spans, np_rng), group_sizes
+
+
+def save_chunk(path, stats, token_ids, spans, group_sizes, np_rng):
+    """Record a chunk in the resume journal: its counts, token ids, sequence spans and the state
+    of the generator that masks them, about the size of its text (the arrays would be ~10x).
+    Written under another name and renamed into place, so a file there is complete."""
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    counts = np.array([getattr(stats, k) for k in SetStats.COUNTS], dtype=np.int64)
+    rng_state = np.frombuffer(json.dumps(np_rng.bit_generator.state).encode(), dtype=np.uint8)
+    extra = {} if spans is None else dict(zip(("a_start", "a_len", "b_start", "b_len"),
+                                              (x.astype(np.int32) for x in spans[:4])), is_random=spans[4])
+    np.savez(tmp, counts=counts, group_sizes=np.array(group_sizes, dtype=np.int64), tokens=token_ids,
+             rng=rng_state, **extra)
+    os.replace(tmp, path)
+
+
+def load_chunk(path):
+    """(SetStats, token ids, spans or None, group sizes, masking generator) of a recorded chunk."""
+    with np.load(path) as f:
+        stats = SetStats(**dict(zip(SetStats.COUNTS, f["counts"].tolist())))
+        spans = None
+        if "a_start" in f.files:
+            spans = tuple(f[k].astype(np.int64) for k in ("a_start", "a_len", "b_start", "b_len")) + (f["is_random"],)
+        np_rng = np.random.default_rng()
+        np_rng.bit_generator.state = json.loads(f["rng"].tobytes())
+        return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
 
 
 def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
-    """A pool worker: turns the chunks from `tasks` (a queue; None ends) into results sent on
-    `results` (a pipe), in order, as (True, result) or (False, exception)."""
+    """A pool worker: runs the tasks from `tasks` (a queue; None ends; see ChunkProcessor.run) and
+    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception)."""
     # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
     # stops the workers and removes its temporary folder.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -746,7 +987,7 @@ def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
     processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
     for task in iter(tasks.get, None):
         try:
-            outcome = (True, processor(*task))
+            outcome = (True, processor.run(*task))
         except Exception as e:  # noqa: BLE001 - re-raised in the main process
             outcome = (False, e)
         results.send(outcome)
@@ -926,17 +1167,18 @@ class ShardSet:
     than there are sequences fails at the end without first creating thousands of files.
     """
 
-    def __init__(self, name, tmp_folder, final_folder, num_shards, settings, prefix, compress=None):
+    def __init__(self, name, tmp_folder, final_folder, num_shards, settings, prefix, compress=None, part_tag=""):
         self.name, self.tmp_folder, self.final_folder = name, tmp_folder, final_folder
         self.settings, self.prefix, self.compress = settings, prefix, compress
+        self.part_tag = part_tag       # "part003_" for --part 3 of --num_parts N, else ""
         os.makedirs(tmp_folder)
         self.count = 0
         self.writers = [None] * num_shards
 
     def _final_name(self, i):
         if self.settings.fmt == "nvidia":
-            return f"{self.prefix}_{'training' if self.name == TRAIN else 'test'}_shard{i}.hdf5"
-        return f"shard_{i:03d}"
+            return f"{self.prefix}_{self.part_tag}{'training' if self.name == TRAIN else 'test'}_shard{i}.hdf5"
+        return f"{self.part_tag}shard_{i:03d}"
 
     def _writer(self, i):
         if self.writers[i] is None:
@@ -977,26 +1219,156 @@ class ShardSet:
     def install(self):
         """Move the finished shards to their final names, replacing older shards there."""
         os.makedirs(self.final_folder, exist_ok=True)
-        remove_shards(self.final_folder)
+        remove_shards(self.final_folder, self.part_tag or None)
         for i in range(len(self.writers)):
             name = self._final_name(i)
             os.replace(os.path.join(self.tmp_folder, name), os.path.join(self.final_folder, name))
 
 
-def existing_shards(folder):
+def existing_shards(folder, part_tag=None):
+    """The shard names in `folder` (those of one part with `part_tag`, e.g. "part003_")."""
     if not os.path.isdir(folder):
         return []
-    return sorted(name for name in os.listdir(folder) if SHARD_NAME.search(name))
+    return sorted(name for name in os.listdir(folder) if SHARD_NAME.search(name)
+                  and (part_tag is None or name.startswith(part_tag) or f"_{part_tag}" in name))
 
 
-def remove_shards(folder):
+def remove_shards(folder, part_tag=None):
     """Delete the shard files/folders (by their names) a previous run left in `folder`."""
-    for name in existing_shards(folder):
+    for name in existing_shards(folder, part_tag):
         path = os.path.join(folder, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
         else:
             os.remove(path)
+
+
+# ----------------------------------------------------------------------------- resuming
+
+# The flags whose values the shards depend on (--workers, --overwrite and --debug change nothing).
+OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad_records", "format", "bing_layout",
+                "build_vocab", "vocab_sample_mb", "do_lower_case", "max_seq_length", "max_predictions_per_seq",
+                "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",
+                "validation_fraction", "seed", "chunk_size_mb", "prefix", "min_document_words", "keep_duplicates",
+                "num_parts", "part")
+
+
+def run_fingerprint(args, sources):
+    """What the finished chunks of a run depend on: the flags, the inputs (path, size, modification
+    time) and the vocab's content."""
+    vocab = None
+    if args.vocab_file is not None:
+        with open(args.vocab_file, "rb") as f:
+            vocab = hashlib.sha256(f.read()).hexdigest()
+    inputs = []
+    for source in sources:
+        stamp = 0 if source.name else _modified(source.path)
+        inputs.append([source.path if source.name else os.path.abspath(source.path), source.size, stamp])
+    return {"flags": {k: getattr(args, k) for k in OUTPUT_FLAGS}, "inputs": inputs, "vocab_sha256": vocab}
+
+
+def _modified(path):
+    if os.path.isdir(path):
+        return max((os.stat(os.path.join(root, n)).st_mtime_ns for root, _, names in os.walk(path) for n in names),
+                   default=0)
+    return os.stat(path).st_mtime_ns
+
+
+class Journal:
+    """OUT/.prepare_data.work (.partKofN with --num_parts): a run's finished chunks, one .npz file
+    each (complete once renamed into place), its fingerprint, a built vocab, the temporary folder.
+
+    It outlives a run that did not finish (a signal, SIGKILL, a crash), so that the same command
+    continues from the chunks done; a run that finishes removes it. One run at a time holds it
+    (an flock, which the operating system drops however the holder ends).
+    """
+
+    def __init__(self, out, part_suffix=""):
+        self.folder = os.path.join(out, WORK_DIR + part_suffix)
+        self.chunks = os.path.join(self.folder, "chunks")
+        self.tmp = os.path.join(self.folder, "tmp")
+        self.vocab = os.path.join(self.folder, "vocab.txt")
+        self._lock = None
+
+    def previous(self):
+        """The fingerprint an unfinished earlier run left, or None."""
+        try:
+            with open(os.path.join(self.folder, "run.json"), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def open(self, fingerprint, overwrite):
+        """Lock the journal and start or continue it; returns the number of chunks already done."""
+        os.makedirs(self.folder, exist_ok=True)
+        self._lock = open(os.path.join(self.folder, "lock"), "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "?"
+            self._lock.close()
+            self._lock = None
+            raise PrepareDataError(f"{self.folder}: another prepare_data run (pid {holder}) is writing there; "
+                                   "wait for it to end") from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        previous = self.previous()
+        if previous is not None and previous != fingerprint:
+            if not overwrite:
+                raise PrepareDataError(f"--output_dir: {self.folder} holds the unfinished work of a run with "
+                                       f"{_difference(previous, fingerprint)}; run that command again to finish it, "
+                                       "or add --overwrite to start this one afresh")
+            logger.warning("--overwrite: dropping the unfinished work of a run with %s",
+                           _difference(previous, fingerprint))
+        if previous != fingerprint:
+            shutil.rmtree(self.chunks, ignore_errors=True)
+            if os.path.exists(self.vocab):
+                os.remove(self.vocab)
+            tmp = os.path.join(self.folder, "run.json.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(fingerprint, f)
+            os.replace(tmp, os.path.join(self.folder, "run.json"))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        os.makedirs(self.tmp)
+        os.makedirs(self.chunks, exist_ok=True)
+        return len(self.done_chunks())
+
+    def done_chunks(self):
+        return [n for n in os.listdir(self.chunks) if n.endswith(".npz") and ".tmp" not in n] \
+            if os.path.isdir(self.chunks) else []
+
+    def chunk_path(self, set_name, index):
+        return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
+
+    def close(self, finished):
+        """Release the lock; remove everything once the run finished, else keep the finished
+        chunks (and nothing else) for the next run; returns how many were kept."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        kept = 0 if finished else len(self.done_chunks())
+        if not kept:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        return kept
+
+
+def _difference(previous, now):
+    """What differs between two fingerprints, in words."""
+    flags_then, flags_now = previous.get("flags", {}), now["flags"]
+    for key in OUTPUT_FLAGS:
+        if flags_then.get(key) != flags_now.get(key):
+            return f"other settings (--{key} {flags_then.get(key)} then, {flags_now.get(key)} now)"
+    if previous.get("vocab_sha256") != now["vocab_sha256"]:
+        return "another vocab (--vocab_file's content changed)"
+    then = {p: (size, stamp) for p, size, stamp in previous.get("inputs", [])}
+    for path, size, stamp in now["inputs"]:
+        if then.get(path) != (size, stamp):
+            return f"another input ({path} {'changed' if path in then else 'was not an input'})"
+    return "other inputs (a file is no longer an input)"
 
 
 # ----------------------------------------------------------------------------- driver
@@ -1025,12 +1397,23 @@ def validate_args(args):
         raise PrepareDataError("give exactly one of --vocab_file VOCAB and --build_vocab N")
     if args.build_vocab is not None and args.build_vocab <= len(SPECIAL_TOKENS):
         raise PrepareDataError(f"--build_vocab {args.build_vocab}: must be larger than {len(SPECIAL_TOKENS)}")
+    if args.num_parts < 1 or not 0 <= args.part < args.num_parts:
+        raise PrepareDataError(f"--num_parts {args.num_parts} --part {args.part}: need N >= 1 and 0 <= K < N")
+    if args.num_parts > 1 and args.build_vocab is not None:
+        raise PrepareDataError("--build_vocab with --num_parts: every part needs the same vocab; build it once "
+                               "(a run with --build_vocab, or tools.prepare_data on a sample) and give --vocab_file")
+    if args.min_document_words < 0:
+        raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
+    if args.vocab_sample_mb <= 0:
+        raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
 
 
-def check_output_dir(args):
+def check_output_dir(args, resuming=False, part_tag=None):
     """Refuse to mix with an earlier run's shards unless --overwrite, and refuse anything else
     in train/ and validation/ (training reads those folders whole: a foreign *training* file or
-    sub-folder there would be read as a shard); so the sets hold only what this run writes."""
+    sub-folder there would be read as a shard); so the sets hold only what this run writes.
+    `resuming`: an unfinished run of the same command passed these checks already (shards there
+    may be its own, from a stop while installing them). With parts, only this part's shards count."""
     out = args.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise PrepareDataError(f"--output_dir {out}: exists and is not a folder")
@@ -1041,10 +1424,10 @@ def check_output_dir(args):
             raise PrepareDataError(f"--output_dir {out}: {sub}/{foreign[0]} was not written by prepare_data "
                                    f"({len(foreign)} such entr{'y' if len(foreign) == 1 else 'ies'} in {sub}/, "
                                    "which training reads whole); move them away or use another --output_dir")
-    if args.overwrite:
+    if args.overwrite or resuming:
         return
     found = [os.path.join(sub, name) for sub in (TRAIN, VALIDATION)
-             for name in existing_shards(os.path.join(out, sub))]
+             for name in existing_shards(os.path.join(out, sub), part_tag)]
     if found:
         raise PrepareDataError(f"--output_dir {out} already holds shards ({found[0]}, ...); "
                                "pass --overwrite to replace them")
@@ -1066,24 +1449,27 @@ def prepare(args, signals=None):
     signals = signals or StopSignals()
     start = time.perf_counter()
     validate_args(args)
-    files = list_input_files(args.input, exclude=args.output_dir)
+    sources = input_sources(args)
     if args.vocab_file is not None and not os.path.isfile(args.vocab_file):
         raise InputNotFoundError(f"--vocab_file {args.vocab_file}: no such file")
-    check_output_dir(args)
     out = args.output_dir
+    parts = args.num_parts > 1
+    part_tag = f"part{args.part:03d}_" if parts else ""
+    journal = Journal(out, f".part{args.part}of{args.num_parts}" if parts else "")
+    fingerprint = run_fingerprint(args, sources)
+    check_output_dir(args, resuming=journal.previous() == fingerprint, part_tag=part_tag or None)
     os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, f".prepare_data.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    done = journal.open(fingerprint, args.overwrite)
+    if done:
+        logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
+    tmp = journal.tmp
     pool = deflater = None
     shard_sets = {}
+    finished = False
     try:
-        if args.build_vocab is not None:
-            vocab_file = os.path.join(tmp, "vocab.txt")
-            size = train_vocab(files, args.build_vocab, args.do_lower_case, vocab_file)
-            logger.info("trained a WordPiece vocab of %d entries", size)
-        else:
-            vocab_file = args.vocab_file
+        chunk_bytes = int(args.chunk_size_mb * 2**20)
+        options = read_options(args)
+        vocab_file = build_vocab(args, sources, options, journal) if args.build_vocab is not None else args.vocab_file
         vocab, special = check_vocab(vocab_file, args.format, args.bing_layout)
         # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line);
         # random replacement ids span every line, as the model's rows do (vocab_size).
@@ -1095,11 +1481,11 @@ def prepare(args, signals=None):
             validation_masked_lm_prob=args.validation_masked_lm_prob,
             short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
             vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
-            mask_id=special["mask"], unk_id=special["unk"])
+            mask_id=special["mask"], unk_id=special["unk"], min_document_words=args.min_document_words)
         # Built here, before the workers fork, so they inherit its one-time set-up.
         tokenizer = build_fast_tokenizer(vocab_file, do_lower_case=args.do_lower_case)
-        summary = Summary(output_dir=out, fmt=args.format,
-                          input_bytes=sum(os.path.getsize(f) for f in files))
+        summary = Summary(output_dir=out, fmt=args.format, input_bytes=sum(s.size for s in sources),
+                          part=f"{args.part} of {args.num_parts}" if parts else "")
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
         if args.workers > 1:
@@ -1114,31 +1500,43 @@ def prepare(args, signals=None):
         for name in sets:
             shards = args.num_shards if name == TRAIN else 1
             shard_sets[name] = ShardSet(name, os.path.join(tmp, name), os.path.join(out, name),
-                                        shards, settings, prefix, compress)
+                                        shards, settings, prefix, compress, part_tag)
             summary.sets[name] = SetStats()
 
-        chunk_bytes = int(args.chunk_size_mb * 2**20)
-        documents = DocumentReader(files, max_document_bytes=chunk_bytes)
-        chunks = ((name, index, docs, len(shard_sets[name].writers), nbytes)
-                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction))
-        for name, (stats, arrays, group_sizes), nbytes in _ordered_results(
+        documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
+        keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
+        chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
+                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction, keep))
+        for name, (stats, arrays, group_sizes), nbytes, reused in _ordered_results(
                 chunks, pool, processor, args.workers, summary.input_bytes, signals.check):
             total = summary.sets[name]
-            for key in ("documents", "sentences", "tokens", "unk_tokens", "sequences"):
+            for key in SetStats.COUNTS:
                 setattr(total, key, getattr(total, key) + getattr(stats, key))
             if arrays is not None:
                 shard_sets[name].add(arrays, group_sizes)
+            if reused:
+                summary.reused_chunks += 1
+                summary.reused_bytes += nbytes
         if pool:
             pool.close()
             pool = None
+        summary.read = {"documents_read": keep.read, "duplicates": keep.duplicates,
+                        "bad_records": documents.counts.bad_records, "redirects": documents.counts.redirects,
+                        "other_pages": documents.counts.other_pages, "other_parts": keep.other_parts,
+                        "layouts": documents.counts.layouts}
 
-        _finish_sets(summary, shard_sets, args.input)
+        _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
         _install(out, tmp, vocab_file, shard_sets)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
+        stats_name = f"stats.part{args.part:03d}.json" if parts else "stats.json"
+        with open(os.path.join(tmp, stats_name), "w", encoding="utf-8") as f:
+            json.dump(summary.stats(), f, indent=1)
+        os.replace(os.path.join(tmp, stats_name), os.path.join(out, stats_name))
+        finished = True
         return summary
     finally:
         if pool:
@@ -1147,10 +1545,37 @@ def prepare(args, signals=None):
             deflater.shutdown(cancel_futures=True)
         for shard_set in shard_sets.values():
             shard_set.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = journal.close(finished)
+        if kept:
+            logger.warning("%d finished chunks are kept in %s: the same command continues from them",
+                           kept, journal.folder)
 
 
-def _finish_sets(summary, shard_sets, inputs):
+def build_vocab(args, sources, options, journal):
+    """Train the --build_vocab vocab (or reuse the one an unfinished run of this command trained):
+    on the text files themselves when they are small one-sentence-per-line text, else on a seeded
+    sample of --vocab_sample_mb of text from any layout (memory bounded by the sample)."""
+    if os.path.isfile(journal.vocab):
+        logger.info("reusing the vocab the unfinished run trained (%s)", journal.vocab)
+        return journal.vocab
+    budget = int(args.vocab_sample_mb * 2**20)
+    plain = all(s.layout == "text" and not corpora.compression(s.path) for s in sources)
+    if plain and sum(s.size for s in sources) <= budget:
+        files = [s.path for s in sources]
+    else:
+        sample = os.path.join(journal.tmp, "vocab_sample.txt")
+        reader = CorpusReader(sources, options, max_document_bytes=int(args.chunk_size_mb * 2**20))
+        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers)
+        logger.info("training the vocab on a sample of %d documents (%.1f MB of text)", n, size / 1e6)
+        files = [sample]
+    tmp = journal.vocab + ".tmp"
+    size = train_vocab(files, args.build_vocab, args.do_lower_case, tmp)
+    os.replace(tmp, journal.vocab)
+    logger.info("trained a WordPiece vocab of %d entries", size)
+    return journal.vocab
+
+
+def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=True):
     """Check that every set and shard got sequences, then finish the shard files."""
     for name, shard_set in shard_sets.items():
         stats = summary.sets[name]
@@ -1158,16 +1583,32 @@ def _finish_sets(summary, shard_sets, inputs):
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
-                                   f"(expected text, one sentence per line, blank lines between documents{hint})")
+                                   f"(expected text: for .txt files one sentence per line, blank lines between "
+                                   f"documents; --input_format names another layout{hint})")
         if min(stats.shard_sizes) == 0:
             raise PrepareDataError(f"{stats.sequences} {name} sequences cannot fill {len(stats.shard_sizes)} "
                                    "shards; lower --num_shards or add text")
     for shard_set in shard_sets.values():
         shard_set.finish()
     unk = summary.sets[TRAIN].unk_tokens / max(summary.sets[TRAIN].tokens, 1)
-    if unk > 0.05:
-        logger.warning("%.1f%% of the tokens are [UNK]: does the vocab fit the text and the "
-                       "lower-casing (--do_lower_case/--no_lower_case)?", 100 * unk)
+    if unk > UNK_WARNING:
+        logger.warning("%.1f%% of the tokens are [UNK] (more than %g%%): %s", 100 * unk, 100 * UNK_WARNING,
+                       unk_cause(tokens_by_id, do_lower_case))
+
+
+UNK_WARNING = 0.01
+
+
+def unk_cause(tokens_by_id, do_lower_case):
+    """The likely reason for many [UNK]s, from the vocab's case and the lower-casing flag."""
+    words = [t for t in tokens_by_id if t.isalpha()]
+    cased = sum(t != t.lower() for t in words) > 0.05 * max(len(words), 1)
+    if not do_lower_case and not cased:
+        return "a cased corpus (--no_lower_case) with an uncased vocab: drop --no_lower_case"
+    if do_lower_case and cased:
+        return "a cased vocab with lower-casing on: add --no_lower_case"
+    return ("the text is in another language or script than the vocab's, or the vocab is the wrong one "
+            "(--vocab_file; --build_vocab trains one on this corpus)")
 
 
 def _install(out, tmp, vocab_file, shard_sets):
@@ -1257,7 +1698,7 @@ class WorkerPool:
                                                          if p.exitcode < 0 else f"exit code {p.exitcode}"))
         return (f"--workers: {', '.join(ended) or 'a worker process ended'} while preparing the shards "
                 "(SIGKILL is what the out-of-memory killer sends: lower --workers or --chunk_size_mb); "
-                "nothing was written")
+                "no shard was written (the finished chunks are kept: the same command continues from them)")
 
     def close(self):
         """Let the workers finish and exit (after the last result)."""
@@ -1281,36 +1722,64 @@ class WorkerPool:
 
 
 def _ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
-    """Process chunks in order: yields (set name, result, input bytes), with a progress bar.
+    """Process chunks in order: yields (set name, result, input bytes, reused), with a progress
+    bar on a terminal and a plain progress line every PROGRESS_SECONDS otherwise.
 
-    With a pool, at most 2 chunks per worker are in flight, so memory stays bounded.
-    `check_stop()` runs before each chunk and while waiting for a worker (it raises to stop).
+    Each chunk is recorded in the journal at its path; one recorded by an unfinished run is
+    rebuilt from there (reused) instead. With a pool, at most 2 chunks per worker are in flight,
+    so memory stays bounded. `check_stop()` runs before each chunk and while waiting for a worker
+    (it raises to stop).
     """
     in_flight = collections.deque()
     sequences = 0
+    progress = _ProgressLines(total_bytes)
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,
               leave=False) as bar:
-        def emit(name, result, nbytes):
+        def emit(name, result, nbytes, reused):
             nonlocal sequences
             sequences += result[0].sequences
             bar.update(nbytes)
             bar.set_postfix(sequences=sequences, refresh=False)
-            return name, result, nbytes
+            if bar.disable:
+                progress.update(nbytes, sequences)
+            return name, result, nbytes, reused
 
         for *task, nbytes in chunks:
-            name = task[0]
+            name, path = task[0], task[-1]
             check_stop()
+            reused = os.path.exists(path)
+            task = ("rebuild", name, path) if reused else ("chunk", *task)
             if pool is None:
-                yield emit(name, processor(*task), nbytes)
+                yield emit(name, processor.run(*task), nbytes, reused)
                 continue
             pool.submit(*task)
-            in_flight.append((name, nbytes))
+            in_flight.append((name, nbytes, reused))
             if len(in_flight) >= 2 * workers:
-                n, b = in_flight.popleft()
-                yield emit(n, pool.next_result(check_stop), b)
+                n, b, r = in_flight.popleft()
+                yield emit(n, pool.next_result(check_stop), b, r)
         while in_flight:
-            n, b = in_flight.popleft()
-            yield emit(n, pool.next_result(check_stop), b)
+            n, b, r = in_flight.popleft()
+            yield emit(n, pool.next_result(check_stop), b, r)
+
+
+class _ProgressLines:
+    """Progress as log lines (for a log file, where a bar would be noise): input read, speed, ETA."""
+
+    def __init__(self, total_bytes):
+        self.total, self.done = total_bytes, 0
+        self.start = self.last = time.perf_counter()
+
+    def update(self, nbytes, sequences):
+        self.done += nbytes
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_SECONDS:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 and self.total >= self.done else float("nan")
+        logger.info("progress: %.1f of %.1f MB of input (%.0f%%), %.2f MB/s, %d sequences, about %.0f s left",
+                    self.done / 1e6, self.total / 1e6, 100 * self.done / max(self.total, 1), rate / 1e6,
+                    sequences, left)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1321,10 +1790,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser():
-    p = _Parser(description="Turn raw text (one sentence per line, blank line between documents) into "
-                            "BERT pretraining shards: NVIDIA hdf5 or Bing numpy.",
+    p = _Parser(description="Turn a corpus (text, a Wikipedia dump, WikiExtractor output, JSON lines, parquet, "
+                            "a Hugging Face dataset) into BERT pretraining shards: NVIDIA hdf5 or Bing numpy.",
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="text files or folders of .txt files")
+    p.add_argument("--input", nargs="+", required=True,
+                   help="files or folders (a folder's .txt files, or its files of the other layouts); with "
+                        "--input_format hf also a dataset name in the local Hugging Face cache")
+    p.add_argument("--input_format", choices=corpora.LAYOUTS, default=None,
+                   help="the input's layout (default: told apart by file name and first bytes); text: one "
+                        "sentence per line, blank lines between documents; text_docs: one document per line")
+    p.add_argument("--text_field", default="text",
+                   help="jsonl/parquet/hf: the field or column holding a document's text (a.b: nested)")
+    p.add_argument("--hf_split", default="train", help="hf: the split of a dataset dict or cached dataset")
+    p.add_argument("--hf_config", default=None, help="hf: the configuration of a cached dataset")
+    p.add_argument("--skip_bad_records", action="store_true",
+                   help="skip (and count) JSON lines that are not JSON or lack --text_field, instead of stopping")
+    p.add_argument("--min_document_words", type=int, default=0,
+                   help="drop documents of fewer words (counted in the summary and stats.json)")
+    p.add_argument("--keep_duplicates", action="store_true",
+                   help="keep exact duplicate documents (default: one copy; same text up to case and whitespace)")
+    p.add_argument("--num_parts", type=int, default=1, help="split the work over N machines (see --part)")
+    p.add_argument("--part", type=int, default=0,
+                   help="0-based: this machine's share of --num_parts, shards named by part in the same folders")
     p.add_argument("--output_dir", required=True,
                    help="writes vocab.txt, train/ and validation/ here")
     p.add_argument("--format", choices=["nvidia", "bing"], default="nvidia",
@@ -1335,6 +1822,8 @@ def build_parser():
     p.add_argument("--build_vocab", type=int, default=None, metavar="N",
                    help="train a WordPiece vocab of about N entries on the input instead "
                         "(written to OUT/vocab.txt; may differ slightly between runs)")
+    p.add_argument("--vocab_sample_mb", type=float, default=100,
+                   help="--build_vocab trains on a seeded sample of this much text of a larger or non-text corpus")
     p.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
                    help="lower-case and strip accents (uncased vocab)")
     p.add_argument("--no_lower_case", dest="do_lower_case", action="store_false",
@@ -1359,7 +1848,8 @@ def build_parser():
                    help="text per unit of work; random next sentences come from the same chunk")
     p.add_argument("--prefix", default=None,
                    help="nvidia file name prefix (default: the output folder's name)")
-    p.add_argument("--overwrite", action="store_true", help="replace shards already in --output_dir")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace shards already in --output_dir, and an unfinished run's work made with other settings")
     p.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     return p
 
@@ -1409,9 +1899,10 @@ def main(argv=None):
     try:
         summary = prepare(args, signals)
     except StopRequested as e:
-        print(f"error: {e}; nothing was written to {args.output_dir}", file=sys.stderr)
+        print(f"error: {e}; nothing was written to {args.output_dir}'s train/ and validation/ (finished chunks "
+              "are kept for the same command to continue from)", file=sys.stderr)
         return 128 + e.signum
-    except (PrepareDataError, OSError) as e:
+    except (PrepareDataError, corpora.CorpusError, OSError) as e:
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)

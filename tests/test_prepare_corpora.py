@@ -1,0 +1,336 @@
+"""tools/prepare_data.py on the corpora users have (tools/corpora.py): the same documents written
+as a MediaWiki export (templates, tables, references, a redirect, a talk page; .xml, .bz2 and a
+multistream .bz2), WikiExtractor output (<doc> files and --json), JSON lines (.gz, .zst),
+parquet, a `datasets` save_to_disk folder and plain text all give the same documents, the
+splitter's own sentence counts, shards without markup and stats.json counts that match."""
+import bz2
+import gzip
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+
+from testkit import corpora as files
+from tests.test_prepare_data import read_bing
+from tools import corpora, prepare_data
+
+SPLIT = corpora.SentenceSplitter()
+MARKUP = set("{}[]|<>=") | {"ref", "thumb", "infobox", "category", "cite", "wikitable", "redirect", "talk",
+                            "convert", "citation", "needed", "caption", "picture", "jpg", "ort", "de"}
+
+
+def make_vocab(path, documents):
+    """Every word of the documents, and every markup character and word (so a leak would show as
+    its own token rather than hide in [UNK])."""
+    words = {w.strip(".?!,").lower() for _, doc in documents for p in doc for w in p.split()}
+    chars = {chr(c) for c in range(33, 127)}
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words | MARKUP | chars)
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpora")
+    docs = list(files.synthetic_documents(24, seed=3))
+    paths = {
+        "xml": files.write_mediawiki(str(root / "testwiki-pages-articles.xml"), docs),
+        "bz2": files.write_mediawiki(str(root / "testwiki-pages-articles.xml.bz2"), docs),
+        "multistream": files.write_mediawiki(str(root / "testwiki-pages-articles-multistream.xml.bz2"), docs,
+                                             multistream=True, pages_per_stream=5),
+        "wikiextractor": files.write_wikiextractor(str(root / "extracted"), docs, per_file=10),
+        "wikiextractor_json": files.write_wikiextractor(str(root / "extracted_json"), docs, as_json=True),
+        "jsonl_gz": files.write_jsonl(str(root / "docs.jsonl.gz"), docs),
+        "jsonl_zst": files.write_jsonl(str(root / "docs.jsonl.zst"), docs),
+        "parquet": files.write_parquet(str(root / "docs.parquet"), docs, rows_per_group=7),
+        "hf": files.write_hf(str(root / "hf_saved"), docs),
+        "text": files.write_text(str(root / "docs.txt"), docs, SPLIT),
+    }
+    expected = [[s for p in doc for s in SPLIT(p)] for _, doc in docs]
+    return types.SimpleNamespace(root=root, docs=docs, paths=paths, expected=expected,
+                                 vocab=make_vocab(root / "vocab.txt", docs))
+
+
+def documents_of(path, **options):
+    sources = corpora.find_sources([path], options.pop("input_format", None))
+    reader = prepare_data.CorpusReader(sources, corpora.ReadOptions(**options))
+    return [corpora.document_sentences(doc, SPLIT) for doc, _ in reader if doc], reader, sources
+
+
+LAYOUTS = {"xml": "mediawiki", "bz2": "mediawiki", "multistream": "mediawiki", "wikiextractor": "wikiextractor",
+           "wikiextractor_json": "wikiextractor", "jsonl_gz": "jsonl", "jsonl_zst": "jsonl", "parquet": "parquet",
+           "hf": "hf", "text": "text"}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_gives_the_same_documents(corpus, name):
+    docs, reader, sources = documents_of(corpus.paths[name])
+    assert {s.layout for s in sources} == {LAYOUTS[name]}
+    assert len(docs) == len(corpus.expected) and docs == corpus.expected
+    if LAYOUTS[name] == "mediawiki":       # the talk page and the redirect are not documents
+        assert (reader.counts.other_pages, reader.counts.redirects) == (1, 1)
+    assert sum(n for _, n in prepare_data.CorpusReader(sources, corpora.ReadOptions())) == sum(s.size for s in sources)
+
+
+def test_wikitext_loses_its_markup_and_keeps_link_text():
+    text = corpora.wikitext_to_text(
+        "{{Infobox river|name=Alder|length={{convert|240|km}}}}\nThe '''Alder''' is a [[river]] in "
+        "[[North Country|the north]].<ref>{{cite web|title=Rivers}}</ref> It flows <b>south</b>.<ref name=a/>\n"
+        "== History ==\n{| class=\"wikitable\"\n! Town !! People\n|-\n| Marsh End || 300\n|}\n"
+        "[[File:Alder.jpg|thumb|The Alder]]\n* A list item &amp; more.<!-- hidden -->\n"
+        "See [https://example.com the site] and <math>x^2</math> here.\n[[Category:Rivers]]\n[[de:Alder]]")
+    assert text.split("\n") == ["The Alder is a river in the north. It flows south.", "A list item & more.",
+                                "See the site and here."]
+    # A template's empty last argument ("|}}") is not a table's end; an unclosed one drops the rest.
+    assert corpora.wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
+
+
+def run(corpus, out, *inputs, fmt="bing", extra=()):
+    argv = ["--input", *map(str, inputs), "--output_dir", str(out), "--format", fmt, "--vocab_file", str(corpus.vocab),
+            "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", *map(str, extra)]
+    assert prepare_data.main(argv) == 0
+    part = [int(extra[i + 1]) for i, a in enumerate(extra) if a == "--part"]
+    return json.loads((out / (f"stats.part{part[0]:03d}.json" if part else "stats.json")).read_text())
+
+
+@pytest.mark.parametrize("name", ["multistream", "wikiextractor", "jsonl_zst", "parquet", "hf"])
+def test_shards_hold_the_text_without_markup_and_stats_count_it(corpus, tmp_path, name):
+    stats = run(corpus, tmp_path / "o", corpus.paths[name])
+    sentences = sum(map(len, corpus.expected))
+    assert stats["documents_read"] == stats["documents_kept"] == len(corpus.docs)
+    assert stats["sentences"] == sentences            # the splitter's own count, exactly
+    assert stats["duplicates"] == stats["too_short"] == stats["bad_records"] == 0
+    assert stats["redirects"] == (1 if name == "multistream" else 0)
+    assert stats["sequences"] == sum(stats["sets"]["train"]["shard_sizes"]) > 0
+    tokens = {t for a, b, _ in read_bing(tmp_path / "o" / "train" / "shard_000") for t in a + b}
+    assert tokens and not tokens & MARKUP, tokens & MARKUP
+    assert stats["unk_rate"] == 0
+
+
+def test_duplicates_and_short_documents_are_dropped_and_counted(corpus, tmp_path):
+    path = str(tmp_path / "dups.jsonl")
+    short = [("s", ["Too short here."])]
+    files.write_jsonl(path, corpus.docs + corpus.docs[:5] + short + [("d", [corpus.docs[0][1][0].upper()])])
+    stats = run(corpus, tmp_path / "o", path, extra=["--min_document_words", 5])
+    assert stats["documents_read"] == len(corpus.docs) + 7
+    assert stats["duplicates"] == 5 and stats["too_short"] == 1
+    assert stats["documents_kept"] == len(corpus.docs) + 1  # the upper-cased first paragraph is new text
+
+
+def test_text_docs_is_one_document_a_line(corpus, tmp_path):
+    path = files.write_text_docs(str(tmp_path / "docs.txt"), corpus.docs)
+    docs, _, _ = documents_of(path, input_format="text_docs")
+    assert len(docs) == len(corpus.docs)
+    assert abs(sum(map(len, docs)) - sum(map(len, corpus.expected))) <= 0.03 * sum(map(len, corpus.expected))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def error_of(capsys, argv):
+    assert prepare_data.main([str(a) for a in argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def base(corpus, out):
+    return ["--output_dir", out, "--vocab_file", corpus.vocab, "--max_seq_length", 64, "--max_predictions_per_seq", 10]
+
+
+def test_bad_json_line_is_refused_or_skipped_and_counted(corpus, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps({"text": "Fine text of a document here. And more."}) + "\n{not json\n")
+        f.write(json.dumps({"text": "A second fine document here. With two sentences."}) + "\n")
+    line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+    assert f"{path}: line 2 is not JSON" in line and "--skip_bad_records" in line
+    assert not (tmp_path / "o" / "train").exists()
+    stats = run(corpus, tmp_path / "o", path, extra=["--skip_bad_records"])
+    assert stats["bad_records"] == 1 and stats["documents_kept"] == 2
+
+
+def test_missing_text_field_and_parquet_column_are_named(corpus, tmp_path, capsys):
+    line = error_of(capsys, ["--input", corpus.paths["jsonl_gz"], "--text_field", "body", *base(corpus, tmp_path / "o")])
+    assert "line 1 has no field 'body' (it has: id, title, text); give --text_field" in line
+    line = error_of(capsys, ["--input", corpus.paths["parquet"], "--text_field", "body", *base(corpus, tmp_path / "o")])
+    assert f"{corpus.paths['parquet']}: parquet file has no column 'body' (it has: title, text)" in line
+    line = error_of(capsys, ["--input", corpus.paths["hf"], "--text_field", "body", *base(corpus, tmp_path / "o")])
+    assert "the dataset has no column 'body' (it has: title, text)" in line
+
+
+def test_truncated_compressed_files_are_refused_naming_the_byte(corpus, tmp_path, capsys):
+    for name, suffix in (("bz2", ".xml.bz2"), ("jsonl_gz", ".jsonl.gz"), ("jsonl_zst", ".jsonl.zst")):
+        data = open(corpus.paths[name], "rb").read()
+        cut = tmp_path / f"cut{suffix}"
+        cut.write_bytes(data[:len(data) * 2 // 3])
+        line = error_of(capsys, ["--input", cut, *base(corpus, tmp_path / "o")])
+        assert f"{cut}: " in line and "cut short at byte" in line and f"of {cut.stat().st_size}" in line, line
+        assert not (tmp_path / "o" / "train").exists()
+
+
+def test_xml_that_is_not_a_mediawiki_dump_and_unknown_layouts_are_refused(corpus, tmp_path, capsys):
+    other = tmp_path / "feed.xml"
+    other.write_text('<?xml version="1.0"?>\n<rss version="2.0"><channel><title>x</title></channel></rss>\n')
+    line = error_of(capsys, ["--input", other, *base(corpus, tmp_path / "o")])
+    assert f"{other}: not a MediaWiki XML dump (its root element is <rss>" in line
+    blob = tmp_path / "archive.gz"
+    blob.write_bytes(gzip.compress(bytes(range(256)) * 4))
+    line = error_of(capsys, ["--input", blob, *base(corpus, tmp_path / "o")])
+    assert f"{blob}: cannot tell the layout" in line and "--input_format" in line
+
+
+def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    line = error_of(capsys, ["--input", "someone/no-such-corpus", "--input_format", "hf", "--hf_split", "train",
+                             *base(corpus, tmp_path / "o")])
+    assert "someone/no-such-corpus" in line and "not in the local cache" in line and "never downloads" in line
+    assert "datasets.load_dataset('someone/no-such-corpus', split='train')" in line
+
+
+def test_a_missing_optional_package_names_the_pip_install(corpus, tmp_path, capsys, monkeypatch):
+    real = corpora.importlib.import_module
+
+    def no_mwparser(name, *a):
+        if name == "mwparserfromhell":
+            raise ImportError(name)
+        return real(name, *a)
+
+    monkeypatch.setattr(corpora.importlib, "import_module", no_mwparser)
+    line = error_of(capsys, ["--input", corpus.paths["xml"], *base(corpus, tmp_path / "o")])
+    assert "needs the Python package mwparserfromhell: pip install -r requirements-corpora.txt" in line
+
+
+# ----------------------------------------------------------------------------- scale features
+
+def test_parts_hold_every_document_once_and_train_as_one_dataset(corpus, tmp_path):
+    from nvidia_bert_dataset_provider import list_training_files, read_hdf5_shard
+
+    path = str(tmp_path / "many.jsonl")
+    docs = list(files.synthetic_documents(90, seed=5))
+    files.write_jsonl(path, docs + docs[:10])           # duplicates must stay in one part
+    make_vocab(tmp_path / "v.txt", docs)
+    corpus = types.SimpleNamespace(vocab=tmp_path / "v.txt")
+    whole = run(corpus, tmp_path / "whole", path, fmt="nvidia")
+    out = tmp_path / "parts"
+    keys = []
+    for k in range(3):
+        run(corpus, out, path, fmt="nvidia", extra=["--num_parts", 3, "--part", k, "--validation_fraction", 0.1])
+        keep = prepare_data.DocumentFilter(3, k)
+        keys.append({corpora.document_key(d) for d, _ in prepare_data.CorpusReader(
+            corpora.find_sources([path]), corpora.ReadOptions()) if d and keep(d)})
+    assert sum(map(len, keys)) == len(set().union(*keys)) == whole["documents_kept"] == 90
+    stats = [json.loads((out / f"stats.part{k:03d}.json").read_text()) for k in range(3)]
+    assert sum(s["documents_kept"] for s in stats) == 90 and sum(s["duplicates"] for s in stats) == 10
+    shards = list_training_files(str(out / "train"))
+    assert [os.path.basename(f) for f in shards] == [f"parts_part{k:03d}_training_shard0.hdf5" for k in range(3)]
+    rows = sum(len(read_hdf5_shard(f)["input_ids"]) for f in shards)
+    assert rows == sum(s["sets"]["train"]["sequences"] for s in stats)
+    assert sorted(os.listdir(out / "validation")) == [f"parts_part{k:03d}_test_shard0.hdf5" for k in range(3)]
+
+
+def test_build_vocab_trains_on_a_bounded_sample_of_any_layout(corpus, tmp_path, caplog):
+    caplog.set_level("INFO")
+    argv = ["--input", corpus.paths["parquet"], "--output_dir", str(tmp_path / "o"), "--build_vocab", 200,
+            "--vocab_sample_mb", 0.004, "--max_seq_length", 64, "--max_predictions_per_seq", 10]
+    assert prepare_data.main([str(a) for a in argv]) == 0
+    sampled = [r.getMessage() for r in caplog.records if "training the vocab on a sample" in r.getMessage()]
+    assert len(sampled) == 1, sampled
+    n = int(sampled[0].split("sample of ")[1].split()[0])
+    assert 0 < n < len(corpus.docs) / 2, sampled      # 4 KB of 24 documents of about 1 KB
+    sample = prepare_data.sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
+    assert sum(map(len, sample)) <= 30 and sample == sorted(sample, key=int)
+    assert sample == prepare_data.sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
+    vocab = (tmp_path / "o" / "vocab.txt").read_text().split("\n")
+    assert "[UNK]" in vocab and not {"{{", "[[", "ref"} & set(vocab)
+
+
+def test_progress_lines_when_not_on_a_terminal(corpus, tmp_path, caplog, monkeypatch):
+    caplog.set_level("INFO")
+    monkeypatch.setattr(prepare_data, "PROGRESS_SECONDS", 0)
+    run(corpus, tmp_path / "o", corpus.paths["jsonl_gz"], extra=["--chunk_size_mb", 0.002])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+    assert len(lines) > 2 and "MB of input" in lines[-1] and "left" in lines[-1]
+
+
+def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpus, tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "big.jsonl")
+    files.write_jsonl(path, files.synthetic_documents(300, seed=9))
+    argv = ["--input", path, "--vocab_file", str(corpus.vocab), "--max_seq_length", "64", "--format", "nvidia",
+            "--max_predictions_per_seq", "10", "--chunk_size_mb", "0.004", "--num_shards", "2"]
+    out = tmp_path / "o"
+    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *argv, "--output_dir", str(out)],
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    chunks = out / prepare_data.WORK_DIR / "chunks"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and len(os.listdir(chunks) if chunks.exists() else []) < 5:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "train").exists(), "the run ended before it could be killed"
+    done = len(os.listdir(chunks))
+    assert prepare_data.main(argv + ["--output_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"reused {done} chunks" in printed or f"reused {done - 1} chunks" in printed, printed
+    fresh = tmp_path / "fresh"
+    assert prepare_data.main(argv + ["--output_dir", str(fresh), "--prefix", "o"]) == 0
+    for name in ("o_training_shard0.hdf5", "o_training_shard1.hdf5"):
+        assert (out / "train" / name).read_bytes() == (fresh / "train" / name).read_bytes()
+    assert not (out / prepare_data.WORK_DIR).exists()
+    # An unfinished run of other settings is refused, or started afresh with --overwrite.
+    killed = tmp_path / "k"
+    (killed / prepare_data.WORK_DIR / "chunks").mkdir(parents=True)
+    fingerprint = prepare_data.run_fingerprint(prepare_data.build_parser().parse_args(
+        argv + ["--output_dir", str(killed)]), corpora.find_sources([path]))
+    (killed / prepare_data.WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
+    np.savez(killed / prepare_data.WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
+    line = error_of(capsys, argv + ["--output_dir", killed, "--seed", 7])
+    assert "holds the unfinished work of a run with other settings (--seed 12345 then, 7 now)" in line
+    assert "--overwrite" in line
+    assert prepare_data.main(argv + ["--output_dir", str(killed), "--seed", "7", "--overwrite"]) == 0
+
+
+def test_bz2_reader_streams_pages(corpus):
+    """A dump is read page by page: the reader's bytes consumed grow as it goes (it is not read whole)."""
+    sources = corpora.find_sources([corpus.paths["bz2"]])
+    steps = [n for _, n in corpora.read_documents(sources[0], corpora.ReadOptions(), corpora.ReadCounts(), None)]
+    assert sum(steps) == os.path.getsize(corpus.paths["bz2"])
+    assert bz2.decompress(open(corpus.paths["multistream"], "rb").read()).startswith(b"<mediawiki")
+
+
+def test_hf_reads_arrow_files_and_local_data_files(corpus):
+    """`datasets` beyond save_to_disk: its .arrow files as they lie in a cache, and, with
+    --input_format hf, a local data file it streams."""
+    arrow = [os.path.join(corpus.paths["hf"], n) for n in sorted(os.listdir(corpus.paths["hf"])) if n.endswith(".arrow")]
+    docs, _, sources = documents_of(arrow[0])
+    assert sources[0].layout == "hf" and docs == corpus.expected
+    docs, _, sources = documents_of(corpus.paths["jsonl_gz"], input_format="hf")
+    assert sources[0].layout == "hf" and docs == corpus.expected
+
+
+def test_a_cached_hf_dataset_name_is_read_offline(corpus, tmp_path, monkeypatch):
+    import datasets
+
+    cache = tmp_path / "hf_cache"
+    files.write_hf_cache(str(cache), "someone/corpus", corpus.docs, str(tmp_path))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    stats = run(corpus, tmp_path / "o", "someone/corpus", extra=["--input_format", "hf", "--hf_split", "train"])
+    assert stats["documents_kept"] == len(corpus.docs) and stats["sentences"] == sum(map(len, corpus.expected))
+
+
+def test_compressed_sentence_per_line_text_is_read(corpus, tmp_path, capsys):
+    packed = tmp_path / "docs.txt.gz"
+    packed.write_bytes(gzip.compress(open(corpus.paths["text"], "rb").read()))
+    docs, _, sources = documents_of(str(packed))
+    assert sources[0].layout == "text" and docs == corpus.expected
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(packed.read_bytes()[:packed.stat().st_size // 2])
+    line = error_of(capsys, ["--input", cut, *base(corpus, tmp_path / "o")])
+    assert f"{cut}: gzip data cut short at byte" in line
