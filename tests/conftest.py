@@ -1,6 +1,8 @@
 """Suite-wide settings: the tests train 2-layer, 64-wide models, for which one intra-op
 thread is as fast as two and avoids oversubscribing a 2-core machine when launcher ranks
 or DataLoader work run beside the test process."""
+import logging
+
 import pytest
 import torch
 
@@ -16,3 +18,15 @@ def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_data")
     make_data_root(str(root), seq_lengths=(128,), n_train=128, shards=2, n_valid=16)
     return root
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored():
+    """The programs a test runs in this process set up logging for themselves (basicConfig on the
+    root logger, writing to the sys.stderr of that moment: the test's captured stream). Put the
+    root logger back after each test, so that no later test logs into a stream that is closed."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

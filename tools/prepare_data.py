@@ -90,11 +90,12 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from tools import corpora
+from turing.formats import BING_SEPARATOR, HDF5_DTYPES, HDF5_KEYS
+from turing.signals import StopRequested, StopSignals
 from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, load_vocab, special_token_ids, vocab_size
 
 logger = logging.getLogger(__name__)
 
-SEPARATOR = 0x1F                      # Bing separator layout: byte between tokens of an instance
 TRAIN, VALIDATION = "train", "validation"
 SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5$")
 WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
@@ -547,7 +548,7 @@ def check_vocab(vocab_file, fmt, bing_layout):
     except ValueError as e:
         raise PrepareDataError(f"--vocab_file {vocab_file}: {e}") from None
     if fmt == "bing" and bing_layout == "separator":
-        bad = [t for t in vocab if chr(SEPARATOR) in t]
+        bad = [t for t in vocab if chr(BING_SEPARATOR) in t]
         if bad:
             raise PrepareDataError(f"--vocab_file {vocab_file}: token {bad[0]!r} holds the separator "
                                    "byte 0x1f; use --bing_layout offsets")
@@ -815,7 +816,7 @@ class VocabBytes:
         width = 1 + int(self.length.max())
         self.table = None
         if width <= self.MAX_TABLE_WIDTH:
-            self.table = np.full((len(encoded), width), SEPARATOR, dtype=np.uint8)
+            self.table = np.full((len(encoded), width), BING_SEPARATOR, dtype=np.uint8)
             rows = np.repeat(np.arange(len(encoded)), self.length)
             cols = 1 + np.arange(len(self.blob)) - np.repeat(self.start, self.length)
             self.table[rows, cols] = self.blob
@@ -829,7 +830,7 @@ class VocabBytes:
             keep = (col >= ~separator_before[:, None]) & (col <= length[:, None])
             return self.table[ids, :width][keep]
         out_len = length + separator_before
-        data = np.full(int(out_len.sum()), SEPARATOR, dtype=np.uint8)
+        data = np.full(int(out_len.sum()), BING_SEPARATOR, dtype=np.uint8)
         text_start = np.cumsum(out_len) - length
         data[_ranges(text_start, length)] = self.blob[_ranges(self.start[ids], length)]
         return data
@@ -1042,14 +1043,14 @@ class Hdf5ShardWriter:
         self.path, self.compress = path, compress
         self.file = h5py.File(path, "w")
         self.count = 0
-        widths = {"input_ids": (max_seq_length, "i4"), "input_mask": (max_seq_length, "i1"),
-                  "segment_ids": (max_seq_length, "i1"), "masked_lm_positions": (max_predictions, "i4"),
-                  "masked_lm_ids": (max_predictions, "i4"), "next_sentence_labels": (None, "i1")}
+        widths = {"input_ids": max_seq_length, "input_mask": max_seq_length, "segment_ids": max_seq_length,
+                  "masked_lm_positions": max_predictions, "masked_lm_ids": max_predictions, "next_sentence_labels": None}
         self.datasets = {}
         self.pending = {}          # key -> rows not yet making a whole chunk
         self.flushed = {}          # key -> rows already handed to the compressor
         self.writes = collections.deque()   # (dataset, chunk offset, future of deflated bytes)
-        for key, (width, dtype) in widths.items():
+        for key in HDF5_KEYS:
+            width, dtype = widths[key], HDF5_DTYPES[key]
             shape = (0, width) if width else (0,)
             rows = max(1, HDF5_CHUNK_BYTES // (np.dtype(dtype).itemsize * (width or 1)))
             self.datasets[key] = self.file.create_dataset(
@@ -1854,47 +1855,10 @@ def build_parser():
     return p
 
 
-class StopRequested(Exception):
-    """SIGTERM or SIGINT reached the main process."""
-
-    def __init__(self, signum):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-class StopSignals:
-    """SIGTERM/SIGINT in the main process: remembered by the handler and acted on between units
-    of work (`check`), where the clean-up can run; a handler that raised could be swallowed in
-    a fork hook or a finaliser. A second signal ends the process at once."""
-
-    def __init__(self):
-        self.received = None
-        self._previous = {}
-
-    def install(self):
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def uninstall(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        if self.received is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.received = signum
-        logger.warning("%s: stopping the workers and removing the temporary folder (send it again to end at once)",
-                       signal.Signals(signum).name)
-
-    def check(self):
-        if self.received is not None:
-            raise StopRequested(self.received)
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    signals = StopSignals()
+    signals = StopSignals(action="stopping the workers; finished chunks are kept")
     signals.install()
     try:
         summary = prepare(args, signals)
