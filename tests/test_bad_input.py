@@ -1,5 +1,6 @@
 """Each bad input gives one error line naming the file or key and what was expected,
 exit code 2, no traceback, and nothing already written is touched."""
+import hashlib
 import json
 import os
 import shutil
@@ -189,3 +190,31 @@ def test_one_bit_parameter_groups_mask_position_embeddings(tmp_path):
         assert torch.equal(mask, expected.flatten() if flat else expected) and rows == 512
         names = sum(len(g["params"]) for g in groups)
         assert names == len([n for n, _ in BertMultiTask(args).network.named_parameters() if "pooler" not in n])
+
+
+def test_an_output_folder_this_user_cannot_write_is_one_line(capsys, data_root, tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: a path under a file is unwritable for everyone
+        (tmp_path / "a_file").write_text("")
+        out = tmp_path / "a_file" / "out"
+    else:
+        (tmp_path / "read_only").mkdir(mode=0o555)
+        out = tmp_path / "read_only" / "out"
+    line = run_expect_error(capsys, argv(data_root, out))
+    assert f"--output_dir {out}: cannot create {out}/saved_models/tiny_bert" in line
+
+
+@pytest.mark.parametrize("name", ["..", "../elsewhere", "/tmp/absolute"])
+def test_a_job_name_that_is_a_path_is_refused(capsys, data_root, tmp_path, name):
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, TINY_DS, "--job_name", name))
+    assert f"job name {name!r} (--job_name, or the job config's 'name') must be a plain folder name" in line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_checkpoint_carries_its_vocab_and_the_lock_says_when_it_was_released(data_root, tmp_path):
+    out = tmp_path / "out"
+    deepspeed_train.main(argv(data_root, out, TINY_CFG, TINY_DS, "--max_steps", 1))
+    folder = out / "saved_models" / "tiny_bert" / "step1"
+    assert (folder / "vocab.txt").read_bytes() == (data_root / "vocab.txt").read_bytes()
+    saved = json.load(open(folder / "args.json"))
+    assert saved["vocab_sha256"] == hashlib.sha256((data_root / "vocab.txt").read_bytes()).hexdigest()
+    assert "released by pid" in (out / "saved_models" / "tiny_bert.lock").read_text()

@@ -269,9 +269,11 @@ def test_bad_paths_give_one_line_errors(tiny_run, tmp_path, capsys):
     assert "mp_rank_00_model_states.pt" in err
     assert not os.path.exists(out)
 
-    # The vocab file the run used is gone and no --cf: the error lists what was tried.
+    # The vocab file the run used is gone, the checkpoint has no copy of it (as those written before
+    # the copies) and no --cf: the error lists what was tried.
     moved = tmp_path / "moved"
     shutil.copytree(tiny_run["ckpt"], moved)
+    os.remove(moved / "epoch2_step6" / "vocab.txt")
     args_file = moved / "epoch2_step6" / "args.json"
     run_args = json.load(open(args_file))
     run_args["vocab_file"] = str(tmp_path / "gone" / "vocab.txt")
@@ -279,6 +281,27 @@ def test_bad_paths_give_one_line_errors(tiny_run, tmp_path, capsys):
     args_file.write_text(json.dumps(run_args))
     err = _error_line(capsys, ["--checkpoint_dir", str(moved), "--output_dir", out])
     assert "vocab file not found" in err and str(tmp_path / "gone" / "vocab.txt") in err and "--cf" in err
+
+
+def test_the_vocab_is_the_one_the_checkpoint_was_trained_with(tiny_run, tmp_path, capsys):
+    """A vocab file of the same size changed at the path args.json names: the copy beside the
+    checkpoint is exported; without the copy, the recorded sha256 refuses the changed file."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_run["ckpt"], ckpt)
+    folder = ckpt / "epoch2_step6"
+    trained = (folder / "vocab.txt").read_text()
+    changed = tmp_path / "changed_vocab.txt"
+    lines = trained.splitlines()
+    lines[-1], lines[-2] = lines[-2], lines[-1]                      # same size, two tokens swapped
+    changed.write_text("\n".join(lines) + "\n")
+    run_args = json.load(open(folder / "args.json"))
+    (folder / "args.json").write_text(json.dumps({**run_args, "vocab_file": str(changed)}))
+    assert export_hf.main(["--checkpoint_dir", str(folder), "--output_dir", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "vocab.txt").read_text().splitlines() == trained.splitlines()
+    os.remove(folder / "vocab.txt")
+    capsys.readouterr()
+    err = _error_line(capsys, ["--checkpoint_dir", str(folder), "--output_dir", str(tmp_path / "hf2")])
+    assert f"vocab file {changed} has changed since the checkpoint was trained with it" in err
 
 
 def test_zero3_and_foreign_inputs_are_refused(tmp_path):

@@ -34,7 +34,8 @@ from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
 from turing.hf_convert import HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError, ours_to_hf
 from turing.jsonfile import read_json
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_size_padded
+from turing.checkpointer import VOCAB_COPY
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +77,21 @@ def _vocab_candidates(token_file, bases):
         yield os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
 
 
-def find_vocab_file(run_args, job_config, cf_config, cf_path):
-    """args.json's vocab_file if it exists, else bert_token_file of --cf (or of the saved job
-    config) as given, next to --cf, or under the run's --data_path_prefix."""
+def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
+    """The vocab the checkpoint in `folder` was trained with: its copy beside the checkpoint
+    (vocab.txt, written since the checkpoints record it), else args.json's vocab_file if it
+    exists and, where args.json records its sha256, is that file; else bert_token_file of --cf
+    (or of the saved job config) as given, next to --cf, or under the run's --data_path_prefix."""
+    if folder is not None and os.path.isfile(os.path.join(folder, VOCAB_COPY)):
+        return os.path.join(folder, VOCAB_COPY)
     tried = []
     saved = (run_args or {}).get("vocab_file")
+    digest = (run_args or {}).get("vocab_sha256")
     if saved:
+        if os.path.isfile(saved) and digest and vocab_digest(saved) != digest:
+            raise ExportError(f"vocab file {saved} has changed since the checkpoint was trained with it (its sha256 "
+                              f"differs from args.json's vocab_sha256); pass --cf with a bert_token_file that is the "
+                              f"training vocab")
         if os.path.isfile(saved):
             return saved
         tried.append(saved)
@@ -243,7 +253,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
         job_config, source = cf_config, config_file or os.path.join(tag_dir, "job_config.json")
     config = model_config(job_config, state_dict, source)
 
-    vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file)
+    vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, tag_dir)
     vocab = load_vocab(vocab_file)
     vocab_real = max(vocab.values()) + 1 if vocab else 0
     if vocab_real == 0 or vocab_size_padded(vocab_real) != config.vocab_size:
