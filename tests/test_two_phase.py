@@ -37,7 +37,7 @@ def script_command(tmp_path, script, data, out, *extra, **env):
     (stub / "deepspeed").chmod(0o755)
     record = tmp_path / "argv.txt"
     env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "ARGV_FILE": str(record),
-           "HOSTFILE": "", "LAUNCHER_ARGS": "", **env}
+           "HOSTFILE": "", "LAUNCHER_ARGS": "", "REQUIRE_CUDA": "0", **env}
     subprocess.run(["bash", os.path.join(SCRIPTS, script), str(data), str(out), *map(str, extra)],
                    env=env, check=True, capture_output=True, text=True)
     cwd, program, *flags = record.read_text().splitlines()
@@ -180,3 +180,15 @@ def test_recipe_values_are_the_originals():
     assert (phase1["train_batch_size"], phase1["train_micro_batch_size_per_gpu"]) == (65536, 64)
     assert (phase2["train_batch_size"], phase2["train_micro_batch_size_per_gpu"]) == (32768, 16)
     assert phase1["sparse_attention"]["mode"] == "fixed" and "sparse_attention" not in phase2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-CUDA message is for machines without one")
+@pytest.mark.parametrize("script", ["ds_train_bert_bsz64k_seq128.sh", "gpu_check.sh"])
+def test_a_cuda_only_script_says_so_first_on_a_machine_without_one(tmp_path, script):
+    """Before any data, vocab or nvidia-smi error: one line, exit 2."""
+    done = subprocess.run(["bash", os.path.join(SCRIPTS, script), str(tmp_path / "no_data"), str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "CUDA" in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()
