@@ -185,3 +185,48 @@ def test_epoch_of_zero_steps_is_refused_before_training(capsys, data_root, tmp_p
     ds.write_text(json.dumps({**json.load(open(TINY_DS)), "gradient_accumulation_steps": 4}))
     line = run_expect_error(capsys, [a if a != TINY_DS else ds for a in argv(root, tmp_path / "out")])
     assert "tiny_training_shard0.hdf5: 32 samples, fewer than the micro batch of 16 x 4 gradient" in line
+
+
+def _edit_shard(path, **edits):
+    vocab = write_vocab(path.parent / "vocab.txt")
+    write_nvidia_shard(str(path), make_instances(4, 32), vocab, 32)
+    with h5py.File(path, "r+") as f:
+        for key, edit in edits.items():
+            data = f[key][:]
+            f[key][...] = edit(data)
+    return path
+
+
+def _duplicate_first_position(positions):
+    positions[1, 1] = positions[1, 0]
+    return positions
+
+
+@pytest.mark.parametrize("edits, expected", [
+    ({key: (lambda a: np.zeros_like(a)) for key in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                                                     "masked_lm_ids", "next_sentence_labels")},
+     "row 0 has no tokens (input_mask all 0, 4 such rows)"),
+    ({"masked_lm_positions": lambda a: np.zeros_like(a)}, "no masked position in any row (masked_lm_positions all 0)"),
+    ({"masked_lm_positions": _duplicate_first_position}, "masked_lm_positions of row 1 are not increasing"),
+], ids=["all_zeros", "no_masked_tokens", "masked_twice"])
+def test_a_shard_the_mlm_cannot_learn_from_is_refused(tmp_path, edits, expected):
+    path = _edit_shard(tmp_path / "x_training_shard0.hdf5", **edits)
+    with pytest.raises(ValueError, match=re.escape(f"x_training_shard0.hdf5: {expected}")):
+        read_hdf5_shard(str(path))
+
+
+def test_a_masked_position_in_the_padding_is_refused(tmp_path):
+    def last_slot_into_padding(positions):
+        positions[2, :] = 0
+        positions[2, 0] = 30            # alone in row 2's listing, past its real tokens
+        return positions
+
+    def short_row(mask):
+        mask[2, 10:] = 0
+        return mask
+
+    path = _edit_shard(tmp_path / "x_training_shard0.hdf5", masked_lm_positions=last_slot_into_padding,
+                       input_mask=short_row)
+    with pytest.raises(ValueError, match=re.escape("masked_lm_positions of row 2 hold 30, in the padding (the row "
+                                                   "has 10 real tokens)")):
+        read_hdf5_shard(str(path))

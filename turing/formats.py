@@ -101,6 +101,35 @@ def _check_values(path, arrays):
         if bad.any():
             row = int(np.argwhere(bad)[0][0])
             raise InputValueError(f"{path}: {key} holds {int(arrays[key][bad][0])} (row {row}); expected 0 or 1 ({meaning})")
+    _check_masked_positions(path, arrays)
+
+
+def _check_masked_positions(path, arrays):
+    """A shard the MLM can learn from: every row has real tokens; a row's masked positions (its
+    listing ends at the first 0, as position 0 is [CLS]) are increasing, so none is masked twice,
+    and inside its real tokens, not in the padding; and some row has one (a shard without any
+    trains the NSP head alone)."""
+    real = arrays["input_mask"].sum(axis=1)
+    if len(real) and (real == 0).any():
+        row = int(np.flatnonzero(real == 0)[0])
+        raise InputValueError(f"{path}: row {row} has no tokens (input_mask all 0, {int((real == 0).sum())} such rows); "
+                              f"every sequence holds at least [CLS] and [SEP]")
+    positions = arrays["masked_lm_positions"]
+    listed = np.cumprod(positions != 0, axis=1).astype(bool)           # up to each row's first 0
+    if positions.size and not listed.any():
+        raise InputValueError(f"{path}: no masked position in any row (masked_lm_positions all 0): the MLM loss "
+                              f"would be 0 throughout; make the shard with masking (prepare_data --masked_lm_prob)")
+    later = listed[:, 1:]
+    repeated = later & (np.diff(positions, axis=1) <= 0)
+    if repeated.any():
+        row, col = (int(v) for v in np.argwhere(repeated)[0])
+        raise InputValueError(f"{path}: masked_lm_positions of row {row} are not increasing ({int(positions[row, col])} "
+                              f"then {int(positions[row, col + 1])}): a token masked twice, or an unsorted listing")
+    in_padding = listed & (positions >= real[:, None])
+    if in_padding.any():
+        row, col = (int(v) for v in np.argwhere(in_padding)[0])
+        raise InputValueError(f"{path}: masked_lm_positions of row {row} hold {int(positions[row, col])}, in the "
+                              f"padding (the row has {int(real[row])} real tokens)")
 
 
 def read_hdf5_shard(path, max_seq_length=None):
