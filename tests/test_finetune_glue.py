@@ -365,3 +365,58 @@ def test_pretrained_beats_random_init_on_a_probe(pretrained, tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["task", "metric", "pretrained", "random"]
     assert table[1].split()[2:4] == [f"{100 * scores['pretrained']:.1f}", f"{100 * scores['random']:.1f}"]
+
+
+def write_stsb(folder, scores):
+    """An STS-B folder (header layout) whose training scores are `scores` as written."""
+    os.makedirs(folder, exist_ok=True)
+    for split, values in (("train", scores), ("dev", ["0.5", "2", "4.25", "3"])):
+        with open(os.path.join(folder, f"{split}.tsv"), "w") as f:
+            f.write("index\tsentence1\tsentence2\tscore\n")
+            f.writelines(f"{i}\tsome words here\tother words there\t{v}\n" for i, v in enumerate(values))
+    return folder
+
+
+@pytest.mark.parametrize("label", ["nan", "1e400", "-inf"])
+def test_non_finite_regression_labels_are_refused(pretrained, tmp_path, capsys, label):
+    data = write_stsb(str(tmp_path / "STS-B"), ["1.0", "2.5", label, "4.0"])
+    assert finetune(pretrained["ckpt"], "stsb", data, tmp_path / "out") == 2
+    assert f"{os.path.join(data, 'train.tsv')}:4: label '{label}' is not a finite number" in _error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_undecodable_and_cr_only_tsv_name_the_file(pretrained, glue_dir, tmp_path, capsys):
+    sst2 = os.path.join(glue_dir, "SST-2")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "dev.tsv").write_text(open(os.path.join(sst2, "dev.tsv")).read())
+    lines = open(os.path.join(sst2, "train.tsv"), "rb").read().split(b"\n")
+    lines[3] = lines[3].replace(b" ", b" caf\xe9 ", 1)  # Latin-1, not UTF-8
+    (bad / "train.tsv").write_bytes(b"\n".join(lines))
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    assert f"{bad / 'train.tsv'}:4: not UTF-8 text (byte 0xe9" in _error_line(capsys)
+    # an old-Mac file: every line ends in CR only, so the whole file is one line
+    (bad / "train.tsv").write_bytes(open(os.path.join(sst2, "train.tsv"), "rb").read().replace(b"\n", b"\r"))
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    line = _error_line(capsys)
+    assert f"{bad / 'train.tsv'}: lines end in a carriage return only" in line and len(line) < 300, line
+    # a header of many long columns: the error quotes a few of them, cut short
+    (bad / "train.tsv").write_text("\t".join(f"column{i}" + "x" * 200 for i in range(50)) + "\n")
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    line = _error_line(capsys)
+    assert "header has no column 'sentence'" in line and "(50 in all)" in line and len(line) < 800, line
+
+
+def test_task_all_finds_folders_in_any_case(pretrained, glue_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    for src, dst in (("CoLA", "cola"), ("SST-2", "Sst-2"), ("SST-2", "my_task")):
+        (data / dst).mkdir(parents=True)
+        for split in ("train", "dev"):
+            (data / dst / f"{split}.tsv").write_text(open(os.path.join(glue_dir, src, f"{split}.tsv")).read())
+    assert finetune(pretrained["ckpt"], "all", data, tmp_path / "out") == 0
+    assert set(json.loads((tmp_path / "out" / "results.json").read_text())) == {"cola", "sst2", "average"}
+    err = capsys.readouterr().err
+    assert "skipping my_task: not a task name" in err, err
+    (data / "CoLA").mkdir()
+    assert finetune(pretrained["ckpt"], "all", data, tmp_path / "out2") == 2
+    assert "2 folders for cola (CoLA, cola)" in _error_line(capsys)

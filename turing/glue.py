@@ -18,8 +18,10 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
 
 Scores are fractions (accuracy 0.84, not 84); tables print them x100.
 """
+import codecs
 import dataclasses
 import logging
+import math
 import os
 from typing import NamedTuple, Optional
 
@@ -94,9 +96,26 @@ def find_task(name):
 
 
 def tasks_in(data_dir):
-    """(task, folder path) for every task folder under `data_dir` named as in the GLUE download."""
-    found = [(t, os.path.join(data_dir, t.folder)) for t in TASKS.values()
-             if os.path.isdir(os.path.join(data_dir, t.folder))]
+    """(task, folder path) for every task folder under `data_dir` named as in the GLUE download,
+    in any case (`cola` is CoLA). Two folders for one task are refused; a folder holding a
+    train.tsv whose name is no task's is named in a warning, not skipped silently."""
+    by_task, others = {}, []
+    for entry in sorted(os.listdir(data_dir)):
+        if not os.path.isdir(os.path.join(data_dir, entry)):
+            continue
+        task = next((t for t in TASKS.values() if entry.lower() in (t.folder.lower(), t.name)), None)
+        if task is not None:
+            by_task.setdefault(task.name, []).append(entry)
+        elif os.path.isfile(os.path.join(data_dir, entry, "train.tsv")):
+            others.append(entry)
+    for name, entries in by_task.items():
+        if len(entries) > 1:
+            raise GlueError(f"--data_dir {data_dir}: {len(entries)} folders for {name} ({', '.join(entries)}); "
+                            "keep one")
+    if others:
+        logger.warning("--data_dir %s: skipping %s: not a task name (expected %s, any case)", data_dir,
+                       ", ".join(others), ", ".join(t.folder for t in TASKS.values()))
+    found = [(t, os.path.join(data_dir, by_task[t.name][0])) for t in TASKS.values() if t.name in by_task]
     if not found:
         raise GlueError(f"--data_dir {data_dir}: no task folder found; expected some of "
                         f"{', '.join(t.folder for t in TASKS.values())}")
@@ -113,12 +132,41 @@ class Example(NamedTuple):
     label: object  # class index, or float for regression
 
 
+def _quote(text, limit=40):
+    """`text` for an error line: at most `limit` characters, control characters escaped."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return repr(text)[1:-1]
+
+
 def _column(header, column, path):
     if isinstance(column, int):
         return column
     if column not in header:
-        raise GlueError(f"{path}:1: header has no column '{column}' (columns: {', '.join(header)})")
+        shown = ", ".join(_quote(c) for c in header[:8]) + (f", ... ({len(header)} in all)" if len(header) > 8 else "")
+        raise GlueError(f"{path}:1: header has no column '{column}' (columns: {shown})")
     return header.index(column)
+
+
+def _read_lines(path):
+    """The file's lines (\n or \r\n endings), decoded as UTF-8; a byte that is not UTF-8 is an
+    error naming its line, a file whose lines end in CR only one saying so."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(codecs.BOM_UTF8):  # MRPC's files start with a byte-order mark
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise GlueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {column} of the line); "
+                        "GLUE files are UTF-8") from None
+    if "\n" not in text and "\r" in text.rstrip("\r"):
+        raise GlueError(f"{path}: lines end in a carriage return only (CR); expected \\n or \\r\\n line endings")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def read_examples(path, task):
@@ -126,11 +174,7 @@ def read_examples(path, task):
     GLUE's files need); every line must have the header's field count."""
     if not os.path.isfile(path):
         raise GlueError(f"{path}: {task.name} data file not found")
-    # utf-8-sig: MRPC's files start with a byte-order mark.
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = _read_lines(path)
     header = lines[0].rstrip("\r").split("\t") if task.header and lines else None
     first = 2 if task.header else 1
     if header is not None:
@@ -150,11 +194,13 @@ def read_examples(path, task):
             try:
                 label = float(raw)
             except ValueError:
-                raise GlueError(f"{path}:{number}: label '{raw}' is not a number") from None
+                raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a number") from None
+            if not math.isfinite(label):
+                raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a finite number")
         elif raw in task.labels:
             label = task.labels.index(raw)
         else:
-            raise GlueError(f"{path}:{number}: label '{raw}' is not one of {', '.join(task.labels)}")
+            raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not one of {', '.join(task.labels)}")
         texts = [parts[c] for c in columns]
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
     if not examples:
