@@ -420,3 +420,17 @@ def test_task_all_finds_folders_in_any_case(pretrained, glue_dir, tmp_path, caps
     (data / "CoLA").mkdir()
     assert finetune(pretrained["ckpt"], "all", data, tmp_path / "out2") == 2
     assert "2 folders for cola (CoLA, cola)" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("cut", ["empty", "truncated"])
+def test_damaged_hf_export_is_one_line(pretrained, glue_dir, tmp_path, capsys, cut):
+    hf = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint_dir", pretrained["ckpt"], "--output_dir", str(hf)]) == 0
+    weights = hf / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"" if cut == "empty" else data[:len(data) // 2])
+    capsys.readouterr()
+    assert finetune(hf, "sst2", os.path.join(glue_dir, "SST-2"), tmp_path / "out") == 2
+    size = 0 if cut == "empty" else len(data) // 2
+    assert f"{weights}: not a complete safetensors file ({size} bytes" in _error_line(capsys)
+    assert not (tmp_path / "out").exists()
