@@ -434,3 +434,37 @@ def test_damaged_hf_export_is_one_line(pretrained, glue_dir, tmp_path, capsys, c
     size = 0 if cut == "empty" else len(data) // 2
     assert f"{weights}: not a complete safetensors file ({size} bytes" in _error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def results_entry(task, score, **extra):
+    """A results.json entry as tools/finetune_glue.py writes it (the fields glue_table reads)."""
+    return {"task": task, "metric": TASKS[task].metric_name, "score": score, "scores": [score],
+            "majority_baseline": 0.5, **extra}
+
+
+def test_glue_table_columns_of_same_named_folders(tmp_path, capsys):
+    for run, tasks in (("A", {"sst2": 0.61, "rte": 0.52}), ("B", {"sst2": 0.73, "cola": 0.1})):
+        (tmp_path / run / "glue").mkdir(parents=True)
+        document = {task: results_entry(task, score) for task, score in tasks.items()}
+        (tmp_path / run / "glue" / "results.json").write_text(json.dumps(document))
+    assert glue_table.main([str(tmp_path / "A" / "glue"), str(tmp_path / "B" / "glue" / "results.json")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["task", "metric", "A/glue", "B/glue", "majority"]
+    assert {row[0]: row[-3:-1] for row in rows[1:]} == {"sst2": ["61.0", "73.0"], "rte": ["52.0", "-"],
+                                                      "cola": ["-", "10.0"], "average": ["56.5", "41.5"]}
+    # a name given twice is refused, not merged
+    assert glue_table.main([f"x={tmp_path / 'A' / 'glue'}", f"x={tmp_path / 'B' / 'glue'}"]) == 2
+    assert "two columns named 'x'" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("document, expected", [
+    ([1, 2], "a JSON list, not a results.json of tools/finetune_glue.py"),
+    ({"sst2": {"task": "sst2", "metric": "accuracy", "score": 0.5}}, "the entry of sst2 has no 'scores'"),
+    ({"task": "sst2", "metric": "accuracy", "score": "high", "scores": [0.5], "majority_baseline": 0.5},
+     "'score' of sst2 is a str, not a number"),
+    ({"average": 0.5}, "no task results in it"),
+], ids=["list", "no_scores", "string_score", "no_tasks"])
+def test_glue_table_on_a_foreign_results_file_is_one_line(tmp_path, capsys, document, expected):
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    assert glue_table.main([str(tmp_path)]) == 2
+    assert f"{tmp_path / 'results.json'}: {expected}" in _error_line(capsys)

@@ -14,7 +14,8 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
 - `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
   classification (or, with one output, regression) head; the original BingBertGlue model's
   module tree, so its state-dict keys are `bert.*` and `classifier.*`;
-- `load_results` / `results_table`: results.json files and the text table of one or more runs.
+- `load_run` / `load_results` / `results_table`: results.json files (checked) and the text table
+  of one or more runs.
 
 Scores are fractions (accuracy 0.84, not 84); tables print them x100.
 """
@@ -341,14 +342,49 @@ class BertForSequenceClassification(nn.Module):
 # Results
 
 
-def load_results(path):
-    """{task: entry} of a results.json written by tools/finetune_glue.py (or its folder)."""
+# Keys of a `--task all` results.json that are not tasks: the mean score of the finished tasks,
+# and the tasks a stopped run did not reach (absent once every task has finished).
+SUMMARY_KEYS = ("average", "unfinished")
+ENTRY_KEYS = {"metric": str, "score": (int, float), "scores": list, "majority_baseline": (int, float)}
+
+
+def _check_entry(entry, task, path):
+    if not isinstance(entry, dict):
+        raise GlueError(f"{path}: the entry of {task} is not an object (a results.json of tools/finetune_glue.py "
+                        "holds one per task)")
+    for key, kind in ENTRY_KEYS.items():
+        if key not in entry:
+            raise GlueError(f"{path}: the entry of {task} has no '{key}'; not a results.json of "
+                            "tools/finetune_glue.py")
+        if not isinstance(entry[key], kind) or isinstance(entry[key], bool):
+            raise GlueError(f"{path}: '{key}' of {task} is a {type(entry[key]).__name__}, not a "
+                            f"{kind.__name__ if isinstance(kind, type) else 'number'}")
+    if not entry["scores"] or not all(isinstance(v, (int, float)) for v in entry["scores"]):
+        raise GlueError(f"{path}: 'scores' of {task} is not a list of numbers")
+    return entry
+
+
+def load_run(path):
+    """({task: entry}, [unfinished task names]) of a results.json written by
+    tools/finetune_glue.py (or its folder); anything else is a GlueError naming the file."""
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
     results = read_json(path, "results file", GlueError)
+    if not isinstance(results, dict):
+        raise GlueError(f"{path}: a JSON {type(results).__name__}, not a results.json of tools/finetune_glue.py "
+                        "(an object: one task's entry, or one entry per task)")
     if "task" in results:  # one task
-        return {results["task"]: results}
-    return {k: v for k, v in results.items() if k != "average"}
+        return {str(results["task"]): _check_entry(results, results["task"], path)}, []
+    entries = {k: _check_entry(v, k, path) for k, v in results.items() if k not in SUMMARY_KEYS}
+    if not entries:
+        raise GlueError(f"{path}: no task results in it")
+    unfinished = results.get("unfinished") or []
+    return entries, [str(t) for t in unfinished] if isinstance(unfinished, list) else []
+
+
+def load_results(path):
+    """{task: entry} of a results.json written by tools/finetune_glue.py (or its folder)."""
+    return load_run(path)[0]
 
 
 def average_score(run):
