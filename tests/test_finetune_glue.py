@@ -10,6 +10,7 @@ pretraining's masked words and next sentences teach. The GLUE-layout files are t
 import json
 import os
 import random
+import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -227,8 +228,8 @@ def test_three_model_sources_give_the_same_run(pretrained, glue_dir, tmp_path):
             "random": (pretrained["ckpt"], "--random_init")}
     losses = {}
     for name, (model, *extra) in runs.items():
-        assert finetune(model, "sst2", data, tmp_path / name, *extra) == 0, name
-        losses[name] = train_losses(tmp_path / name, "sst2")
+        assert finetune(model, "sst2", data, tmp_path / f"out_{name}", *extra) == 0, name
+        losses[name] = train_losses(tmp_path / f"out_{name}", "sst2")
     assert losses["job"] == losses["tag"] == losses["full"]
     assert losses["hf"] == pytest.approx(losses["no_pooler"], abs=1e-5)
     assert losses["full"] != pytest.approx(losses["no_pooler"], abs=1e-5)  # the pooler was loaded
@@ -295,6 +296,11 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
 
     assert (out / "results.json").read_text() == '{"earlier": "run"}'
     assert sorted(os.listdir(out)) == ["results.json"]
+
+    for lr in ("inf", "nan", "0"):
+        assert finetune(pretrained["ckpt"], "sst2", sst2, tmp_path / "lr", "--lr", lr) == 2
+        assert f"--lr {float(lr)}: must be a positive finite number" in _error_line(capsys)
+    assert not (tmp_path / "lr").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,3 +474,79 @@ def test_glue_table_on_a_foreign_results_file_is_one_line(tmp_path, capsys, docu
     (tmp_path / "results.json").write_text(json.dumps(document))
     assert glue_table.main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'results.json'}: {expected}" in _error_line(capsys)
+
+
+def test_reused_output_dir_is_refused_or_cleared(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 0
+    first = (out / "results.json").read_text()
+    capsys.readouterr()
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3") == 2
+    line = _error_line(capsys)
+    assert f"--output_dir {out} is not empty (CoLA, RTE, SST-2, results.json)" in line and "--overwrite" in line
+    assert (out / "results.json").read_text() == first
+    (out / "notes.txt").write_text("mine")
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3", "--overwrite") == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: removed the earlier results in" in err and "SST-2/dev_predictions.tsv" in err, err
+    assert "left in place, not written by finetune_glue: notes.txt" in err
+    assert json.loads((out / "results.json").read_text())["sst2"]["settings"]["lr"] == 1e-3
+    assert (out / "notes.txt").read_text() == "mine"
+    # one run's TensorBoard events per seed, not two runs' curves in one folder
+    for folder, task in (("SST-2", "sst2"), ("RTE", "rte"), ("CoLA", "cola")):
+        assert len(os.listdir(out / folder / "runs" / task / "seed0")) == 1
+        assert json.loads((out / folder / "results.json").read_text())["task"] == task
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_keeps_the_finished_tasks_and_nothing_else(pretrained, glue_dir, tmp_path, capsys, monkeypatch,
+                                                             signum):
+    """Ctrl-C (or SIGTERM) while sst2 trains, after cola finished: one line, cola's results on disk,
+    no sst2 results, and glue_table shows cola and says the run stopped."""
+    real_predict, calls = finetune_glue.predict, []
+
+    def predict(model, loader, device, bf16):  # call 1: cola's dev set; call 2: sst2's, trained
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signum)
+        return real_predict(model, loader, device, bf16)
+
+    def not_handled(signum, frame):
+        raise AssertionError(f"{signal.Signals(signum).name} reached the test: finetune_glue did not handle it")
+
+    monkeypatch.setattr(finetune_glue, "predict", predict)
+    previous = signal.signal(signum, not_handled)  # a clean failure, not a killed or interrupted session
+    try:
+        out = tmp_path / "out"
+        assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 128 + signum
+    finally:
+        signal.signal(signum, previous)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == (f"finetune_glue: stopped by {signal.Signals(signum).name}; finished cola (results "
+                                    f"in {out / 'results.json'}); no results for sst2, rte")
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"cola", "average", "unfinished"} and results["unfinished"] == ["sst2", "rte"]
+    assert json.loads((out / "CoLA" / "results.json").read_text())["task"] == "cola"
+    assert not (out / "SST-2" / "results.json").exists() and not (out / "SST-2" / "dev_predictions.tsv").exists()
+    assert not (out / "RTE").exists()
+    assert glue_table.main([str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in table[1:-1]] == ["cola"] and table[-1] == "out: the run stopped before sst2, rte"
+
+
+def test_a_non_finite_loss_stops_without_results(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), out, "--lr", "1e10",
+                    "--epochs", "2") == 3
+    line = _error_line(capsys)
+    assert "sst2 seed 0: the loss is nan at step" in line and "lower --lr" in line and "no results for sst2" in line
+    assert not (out / "results.json").exists() and not (out / "dev_predictions.tsv").exists()
+
+
+def test_fine_tune_log_line_says_each_metric_once(pretrained, glue_dir, tmp_path, capsys):
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), tmp_path / "out") == 0
+    entry = json.loads((tmp_path / "out" / "results.json").read_text())
+    lines = [line for line in capsys.readouterr().err.splitlines() if "sst2 seed 0:" in line]
+    assert len(lines) == 1 and f"sst2 seed 0: accuracy {entry['score']:.4f} in " in lines[0], lines
+    assert lines[0].count("accuracy") == 1

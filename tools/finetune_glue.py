@@ -28,13 +28,22 @@ runs (seeds 0..N-1; for an even N the lower median, so the score is always one r
 
 Output under OUT (for `all`, one subfolder per task, named like the task's folder):
 - results.json: {"task", "metric", "score" (the median), "scores" (one per seed), "seeds",
-  "metrics" (every metric, per seed), "majority_baseline", "model", ...}; for `all` one such
-  entry per task plus "average" (the mean of the task scores). Scores are fractions.
+  "metrics" (every metric, per seed), "majority_baseline", "model", ...}; for `all` the same in
+  each task's subfolder, and in OUT one such entry per task plus "average" (the mean of the
+  task scores) and, while tasks remain (a run stopped early), "unfinished" (their names).
+  Scores are fractions. Each task's files are written, whole, as soon as the task finishes
+  (results.json last), so a stopped run leaves the finished tasks' results and nothing else.
 - dev_predictions.tsv: `index<TAB>prediction` per dev line of the median run, labels as the
   data writes them (MNLI also dev_mismatched_predictions.tsv);
 - runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics).
-Bad input (missing folder or file, unknown task, malformed TSV line, a checkpoint whose sizes
-do not fit) is one `error: ...` line and exit code 2, before any training.
+OUT must be empty or new: earlier results there are refused, or removed with --overwrite
+(files the tool did not write are left, with a warning), so one folder never mixes two runs.
+
+Exit codes: 2 for bad input (missing folder or file, unknown task, malformed TSV line or
+non-finite label, a checkpoint whose sizes do not fit, a non-empty OUT): one `error: ...` line
+before any training. 3 when a loss (or the final weights) is not finite: the run stops, and the
+task has no results. 128 + the signal on SIGINT (Ctrl-C) or SIGTERM: one line saying which
+tasks finished.
 """
 import argparse
 import dataclasses
@@ -42,7 +51,10 @@ import json
 import logging
 import math
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -54,8 +66,8 @@ from tqdm import tqdm
 
 from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
 from tools.export_hf import ExportError, find_vocab_file
-from turing.checkpoint import resolve_checkpoint_tag_dir
-from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,
+from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
+from turing.glue import (TASKS, BertForSequenceClassification, GlueError, collate, compute_metrics,
                          encode, find_task, label_string, majority_baseline, read_examples,
                          results_table, task_score, tasks_in)
 from turing.hf_convert import is_hf_folder, load_hf_folder
@@ -93,6 +105,10 @@ def build_parser():
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU); weights stay fp32")
     p.add_argument("--random_init", action="store_true",
                    help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove the results of an earlier run in --output_dir first (else a non-empty folder is refused)")
+    p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log lines shown on stderr (default info; warning keeps only warnings and errors)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
@@ -101,8 +117,8 @@ def check_args(args):
     for flag in ("seeds", "epochs", "batch_size"):
         if getattr(args, flag) < 1:
             raise GlueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
-    if not args.lr > 0:
-        raise GlueError(f"--lr {args.lr}: must be positive")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise GlueError(f"--lr {args.lr}: must be a positive finite number")
     if not os.path.exists(args.model):
         raise GlueError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
                         "a state dict file or a Hugging Face folder written by tools/export_hf.py")
@@ -110,6 +126,50 @@ def check_args(args):
         raise GlueError(f"--data_dir {args.data_dir}: folder not found")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise GlueError(f"--output_dir {args.output_dir}: exists and is not a folder")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping early: a signal, or a loss that is not finite
+
+
+class RunStopped(Exception):
+    """The run ends before its tasks are done; finished tasks' results are on disk already."""
+
+    exit_code = 1
+    finished, unfinished = (), ()  # task names, set once the tasks are known
+
+
+class Stopped(RunStopped):
+    def __init__(self, signum):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+class Diverged(RunStopped):
+    exit_code = 3
+
+
+class stop_on_signals:
+    """SIGINT (Ctrl-C) and SIGTERM raise `Stopped` in the main thread while the run is inside
+    this block, so both end the run the same way, with one line; the handlers are restored after.
+    (A local stand-in: the trainer has its own signal handling, which stops at a checkpoint.)"""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS}
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Stopped(signum)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,29 +307,45 @@ def run_seed(args, source, data, seed, device, writer):
     optimizer, scheduler = make_optimizer(model, args.lr, total_steps)
     bar = tqdm(total=total_steps, desc=f"{task.name} seed {seed}", unit="step", disable=None, leave=False)
     step = 0
-    for _ in range(args.epochs):
-        model.train()
-        for input_ids, input_mask, segment_ids, labels in train_loader:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
-            loss = model.loss(logits, labels.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            writer.add_scalar("Train/loss", loss.item(), step)
-            writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    bar.close()
+    try:
+        for _ in range(args.epochs):
+            model.train()
+            for input_ids, input_mask, segment_ids, labels in train_loader:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                    logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
+                loss = model.loss(logits, labels.to(device))
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise Diverged(f"{task.name} seed {seed}: the loss is {value} at step {step + 1} of "
+                                   f"{total_steps} (lr {args.lr:g}): lower --lr")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                writer.add_scalar("Train/loss", value, step)
+                writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
+                bar.update()
+                bar.set_postfix(loss=f"{value:.4f}")
+    finally:
+        bar.close()
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise Diverged(f"{task.name} seed {seed}: the weights are not finite after the last step "
+                       f"(lr {args.lr:g}): lower --lr")
     return {name: predict(model, _loader(items, EVAL_BATCH_SIZE, data.pad_id, regression), device, args.bf16)
             for name, items in data.dev.items()}
 
 
 def _stem(dev_file):
     return os.path.splitext(dev_file)[0]
+
+
+def metrics_text(task, score, metrics):
+    """`accuracy 0.8125`, or with several metrics (or dev files) `f1/accuracy 0.8 (f1 0.82, accuracy 0.78)`."""
+    others = {k: v for k, v in metrics.items() if task.metrics != (k,)}
+    extra = f" ({', '.join(f'{k} {v:.4f}' for k, v in others.items())})" if others else ""
+    return f"{task.metric_name} {score:.4f}{extra}"
 
 
 def run_task(args, source, data, out_dir, device):
@@ -289,17 +365,16 @@ def run_task(args, source, data, out_dir, device):
             score = task_score(task, metrics)
             for key, value in metrics.items():
                 writer.add_scalar(f"Dev/{key}", value, 0)
-        logger.info("%s seed %d: %s %.4f (%s) in %.0f s", task.name, seed, task.metric_name, score,
-                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), time.time() - started)
+        logger.info("%s seed %d: %s in %.0f s", task.name, seed, metrics_text(task, score, metrics),
+                    time.time() - started)
         runs.append((score, seed, metrics, predictions))
     scores = [r[0] for r in runs]
     median = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the lower median: one run's
     os.makedirs(out_dir, exist_ok=True)
     for name, preds in median[3].items():
         filename = "dev_predictions.tsv" if name == main_dev else f"{_stem(name)}_predictions.tsv"
-        with open(os.path.join(out_dir, filename), "w", encoding="utf-8") as f:
-            f.write("index\tprediction\n")
-            f.writelines(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds))
+        write_atomic(os.path.join(out_dir, filename),
+                     "index\tprediction\n" + "".join(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds)))
     return {
         "task": task.name, "metric": task.metric_name, "score": median[0], "scores": scores,
         "seeds": [r[1] for r in runs], "median_seed": median[1], "metrics": [r[2] for r in runs],
@@ -315,9 +390,64 @@ def run_task(args, source, data, out_dir, device):
 # Command line
 
 
+def _is_output(name, path):
+    """Whether a file or folder in --output_dir is one finetune_glue writes (or a temporary of one)."""
+    base = name.split(".tmp")[0]
+    if os.path.isdir(path):
+        return name == "runs"
+    return base == "results.json" or base.endswith("_predictions.tsv")
+
+
+def prepare_output_dir(output_dir, overwrite):
+    """An empty (or new) --output_dir; earlier output is refused, or with --overwrite removed:
+    results, predictions and TensorBoard runs, also in the task subfolders of `--task all`.
+    Files finetune_glue did not write are left in place, with a warning."""
+    if not os.path.isdir(output_dir) or not (present := sorted(os.listdir(output_dir))):
+        return
+    if not overwrite:
+        raise GlueError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
+                        f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to "
+                        "remove the earlier results first")
+    task_folders = {t.folder.lower() for t in TASKS.values()} | set(TASKS)
+    removed, kept = [], []
+
+    def clear(folder, prefix):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if _is_output(name, path):
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                removed.append(prefix + name)
+            elif not prefix and name.lower() in task_folders and os.path.isdir(path) and not os.path.islink(path):
+                clear(path, name + "/")
+                if not os.listdir(path):
+                    os.rmdir(path)
+            else:
+                kept.append(prefix + name)
+
+    clear(output_dir, "")
+    if removed:
+        logger.warning("--overwrite: removed the earlier results in %s: %s", output_dir, ", ".join(removed))
+    if kept:
+        logger.warning("%s: left in place, not written by finetune_glue: %s", output_dir, ", ".join(kept))
+
+
+def write_results(path, document):
+    """results.json, whole or not at all; strict JSON (a NaN is a bug, never written)."""
+    write_atomic(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def summary(results, pending):
+    """The results.json of `--task all`: the finished tasks, their average, the tasks left."""
+    document = {**results, "average": float(np.mean([r["score"] for r in results.values()])) if results else None}
+    if pending:
+        document["unfinished"] = pending
+    return document
+
+
 def finetune(args):
     check_args(args)
-    if args.task.lower() == "all":
+    all_tasks = args.task.lower() == "all"
+    if all_tasks:
         tasks = [(task, folder, os.path.join(args.output_dir, task.folder)) for task, folder in tasks_in(args.data_dir)]
     else:
         tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
@@ -330,27 +460,48 @@ def finetune(args):
     data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
     if not args.random_init:
         build_model(source, 2, False)
+    prepare_output_dir(args.output_dir, args.overwrite)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %g, batch %d, max_seq_length %d%s",
                 args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
                 device.type, args.seeds, args.epochs, args.lr, args.batch_size, args.max_seq_length,
                 ", bf16" if args.bf16 else "")
-    results = {d.task.name: run_task(args, source, d, out, device) for d, out in data}
-    os.makedirs(args.output_dir, exist_ok=True)
-    if len(tasks) == 1 and args.task.lower() != "all":
-        document = next(iter(results.values()))
-    else:
-        document = {**results, "average": float(np.mean([r["score"] for r in results.values()]))}
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=2)
+    results = {}
+    try:
+        for i, (d, out) in enumerate(data):
+            entry = run_task(args, source, d, out, device)
+            # The task's files are complete on disk before the next task starts.
+            write_results(os.path.join(out, "results.json"), entry)
+            results[d.task.name] = entry
+            if all_tasks:
+                write_results(os.path.join(args.output_dir, "results.json"),
+                              summary(results, [t.task.name for t, _ in data[i + 1:]]))
+    except RunStopped as e:
+        e.finished, e.unfinished = list(results), [d.task.name for d, _ in data if d.task.name not in results]
+        raise
     return results
+
+
+def stop_line(e, output_dir):
+    """The one line of a stopped run: why, which tasks have results, which do not."""
+    done = (f"finished {', '.join(e.finished)} (results in {os.path.join(output_dir, 'results.json')})"
+            if e.finished else "no task finished")
+    return f"{e}; {done}" + (f"; no results for {', '.join(e.unfinished)}" if e.unfinished else "")
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     try:
-        results = finetune(args)
+        with stop_on_signals():
+            results = finetune(args)
+    except Stopped as e:
+        print(f"finetune_glue: {stop_line(e, args.output_dir)}", file=sys.stderr)
+        return e.exit_code
+    except Diverged as e:
+        print(f"error: {stop_line(e, args.output_dir)}", file=sys.stderr)
+        return e.exit_code
     except (ValueError, OSError, InputError) as e:  # GlueError, ConversionError, ... are ValueErrors
         if args.debug:
             raise
