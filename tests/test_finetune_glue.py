@@ -23,7 +23,7 @@ import deepspeed_train  # noqa: E402
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
 from testkit.synthetic import SPECIALS  # noqa: E402
 from tools import export_hf, finetune_glue, glue_table, make_probe_tasks, prepare_data  # noqa: E402
-from turing.glue import TASKS, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
+from turing.glue import TASKS, collapse, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
 from turing.checkpoint import load_checkpoint_state  # noqa: E402
 
 TOPICS, WORDS_PER_TOPIC = 8, 3
@@ -364,13 +364,15 @@ def test_pretrained_beats_random_init_on_a_probe(pretrained, tmp_path, capsys):
     assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "pretrained", *common) == 0
     assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "random", *common, "--random_init") == 0
     capsys.readouterr()
-    scores = {name: json.loads((tmp_path / name / "results.json").read_text())["score"]
-              for name in ("pretrained", "random")}
+    entries = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("pretrained", "random")}
+    scores = {name: entry["score"] for name, entry in entries.items()}
     assert scores["pretrained"] >= scores["random"] + 0.2, scores
     assert glue_table.main([f"pretrained={tmp_path / 'pretrained'}", f"random init={tmp_path / 'random'}"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["task", "metric", "pretrained", "random"]
-    assert table[1].split()[2:4] == [f"{100 * scores['pretrained']:.1f}", f"{100 * scores['random']:.1f}"]
+    # a run that predicted one class for every dev example is starred (the random start often is)
+    assert table[1].split()[2:4] == [f"{100 * entries[name]['score']:.1f}" + ("*" if entries[name]["collapsed"][0] else "")
+                                     for name in ("pretrained", "random")]
 
 
 def write_stsb(folder, scores):
@@ -550,3 +552,44 @@ def test_fine_tune_log_line_says_each_metric_once(pretrained, glue_dir, tmp_path
     lines = [line for line in capsys.readouterr().err.splitlines() if "sst2 seed 0:" in line]
     assert len(lines) == 1 and f"sst2 seed 0: accuracy {entry['score']:.4f} in " in lines[0], lines
     assert lines[0].count("accuracy") == 1
+
+
+def test_collapse_is_named_for_a_constant_predictor_not_for_a_working_one(pretrained, glue_dir, tmp_path, capsys):
+    """Trained on labels that are all "1", the model predicts "1" for every dev example: a warning
+    says so with its likely causes, results.json marks the run, the table stars its score. The
+    same model on learnable labels (400 examples) is not marked."""
+    sst2 = os.path.join(glue_dir, "SST-2")
+    one_label = tmp_path / "one_label"
+    one_label.mkdir()
+    (one_label / "dev.tsv").write_text(open(os.path.join(sst2, "dev.tsv")).read())
+    lines = open(os.path.join(sst2, "train.tsv")).read().splitlines()
+    (one_label / "train.tsv").write_text("\n".join([lines[0]] + [line.rsplit("\t", 1)[0] + "\t1" for line in lines[1:]]))
+    common = ["--lr", "1e-3", "--epochs", "4"]
+    assert finetune(pretrained["ckpt"], "sst2", one_label, tmp_path / "constant", *common) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "every prediction is" in line]
+    assert len(warnings) == 1 and "sst2 seed 0, dev.tsv: every prediction is '1'" in warnings[0], captured.err
+    assert "learning rate too low" in warnings[0] and "--lr 1e-4,3e-4,1e-3" in warnings[0] and "--epochs" in warnings[0]
+    entry = json.loads((tmp_path / "constant" / "results.json").read_text())
+    assert entry["collapsed"] == [True] and set(read_predictions(tmp_path / "constant" / "dev_predictions.tsv")) == {"1"}
+    table = captured.out.splitlines()
+    assert table[1].split()[2] == f"{100 * entry['score']:.1f}*" and table[2].startswith("* the run predicted one class")
+
+    learnable = write_glue_dir(str(tmp_path / "learnable"), pretrained["words"], n_train=400, n_dev=64)
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(learnable, "SST-2"), tmp_path / "working", "--lr", "1e-3",
+                    "--epochs", "3") == 0
+    captured = capsys.readouterr()
+    assert "every prediction is" not in captured.err and "*" not in captured.out
+    entry = json.loads((tmp_path / "working" / "results.json").read_text())
+    assert entry["collapsed"] == [False] and entry["score"] > entry["majority_baseline"] + 0.2, entry
+    assert len(set(read_predictions(tmp_path / "working" / "dev_predictions.tsv"))) == 2
+
+
+def test_collapse_of_regression_scores():
+    stsb = TASKS["stsb"]
+    gold = [0.5, 2.0, 4.25, 3.0]
+    assert collapse(stsb, [2.4, 2.4, 2.4, 2.4], gold).startswith("a near constant (2.400")
+    assert collapse(stsb, [2.401, 2.402, 2.4, 2.403], gold)  # std 0.001 against the labels' 1.3
+    assert collapse(stsb, [1.0, 2.1, 3.9, 2.7], gold) is None
+    assert collapse(TASKS["rte"], [1, 1, 1], [0, 1, 0]) == "'not_entailment'"
+    assert collapse(TASKS["rte"], [1, 0, 1], [0, 1, 0]) is None

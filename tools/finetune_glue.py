@@ -57,6 +57,7 @@ import sys
 import threading
 import time
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -67,9 +68,9 @@ from tqdm import tqdm
 from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
 from tools.export_hf import ExportError, find_vocab_file
 from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
-from turing.glue import (TASKS, BertForSequenceClassification, GlueError, collate, compute_metrics,
-                         encode, find_task, label_string, majority_baseline, read_examples,
-                         results_table, task_score, tasks_in)
+from turing.glue import (TASKS, BertForSequenceClassification, GlueError, collapse, collate,
+                         compute_metrics, encode, find_task, label_string, majority_baseline,
+                         read_examples, results_table, task_score, tasks_in)
 from turing.hf_convert import is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
@@ -106,7 +107,8 @@ def build_parser():
     p.add_argument("--random_init", action="store_true",
                    help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
     p.add_argument("--overwrite", action="store_true",
-                   help="remove the results of an earlier run in --output_dir first (else a non-empty folder is refused)")
+                   help="remove the results of an earlier run in --output_dir first (else a non-empty folder "
+                        "is refused)")
     p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log lines shown on stderr (default info; warning keeps only warnings and errors)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -348,36 +350,63 @@ def metrics_text(task, score, metrics):
     return f"{task.metric_name} {score:.4f}{extra}"
 
 
+class SeedRun(NamedTuple):
+    score: float
+    seed: int
+    metrics: dict       # every metric of every dev file (the first file's unprefixed)
+    predictions: dict   # dev file -> predictions
+    collapsed: bool     # every prediction on the first dev file one class (see turing.glue.collapse)
+
+
+def score_predictions(task, predictions, gold, main_dev):
+    """(task score, {metric: value}) of one run's predictions on its dev files."""
+    metrics = {}
+    for name, preds in predictions.items():
+        prefix = "" if name == main_dev else _stem(name) + "_"
+        metrics.update({prefix + k: v for k, v in compute_metrics(task, preds, gold[name]).items()})
+    return task_score(task, metrics), metrics
+
+
+def warn_if_collapsed(task, what, predictions, labels, steps):
+    """A warning when `predictions` are all one class (or a constant); returns whether they are."""
+    collapsed = collapse(task, predictions, labels)
+    if collapsed:
+        logger.warning("%s: every prediction is %s, the majority-class score: the model learned nothing past the "
+                       "label frequencies. Likely causes: a learning rate too low for this model size (small models "
+                       "need a higher one than the default 4e-5; sweep it, e.g. --lr 1e-4,3e-4,1e-3) or too few "
+                       "steps (%d; raise --epochs)", what, collapsed, steps)
+    return collapsed is not None
+
+
 def run_task(args, source, data, out_dir, device):
     """All seeds of one task; writes the median run's predictions; returns the results entry."""
     task = data.task
     main_dev = task.dev_files[0]
     gold = {name: [label for _, label in items] for name, items in data.dev.items()}
+    steps = args.epochs * math.ceil(len(data.train) / args.batch_size)
     runs = []
     for seed in range(args.seeds):
         started = time.time()
         with SummaryWriter(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
             predictions = run_seed(args, source, data, seed, device, writer)
-            metrics = {}
-            for name, preds in predictions.items():
-                prefix = "" if name == main_dev else _stem(name) + "_"
-                metrics.update({prefix + k: v for k, v in compute_metrics(task, preds, gold[name]).items()})
-            score = task_score(task, metrics)
+            score, metrics = score_predictions(task, predictions, gold, main_dev)
             for key, value in metrics.items():
                 writer.add_scalar(f"Dev/{key}", value, 0)
         logger.info("%s seed %d: %s in %.0f s", task.name, seed, metrics_text(task, score, metrics),
                     time.time() - started)
-        runs.append((score, seed, metrics, predictions))
-    scores = [r[0] for r in runs]
-    median = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the lower median: one run's
+        collapsed = warn_if_collapsed(task, f"{task.name} seed {seed}, {main_dev}", predictions[main_dev],
+                                      gold[main_dev], steps)
+        runs.append(SeedRun(score, seed, metrics, predictions, collapsed))
+    median = sorted(runs, key=lambda r: r.score)[(len(runs) - 1) // 2]  # the lower median: one run's
     os.makedirs(out_dir, exist_ok=True)
-    for name, preds in median[3].items():
+    for name, preds in median.predictions.items():
         filename = "dev_predictions.tsv" if name == main_dev else f"{_stem(name)}_predictions.tsv"
         write_atomic(os.path.join(out_dir, filename),
                      "index\tprediction\n" + "".join(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds)))
     return {
-        "task": task.name, "metric": task.metric_name, "score": median[0], "scores": scores,
-        "seeds": [r[1] for r in runs], "median_seed": median[1], "metrics": [r[2] for r in runs],
+        "task": task.name, "metric": task.metric_name, "score": median.score, "scores": [r.score for r in runs],
+        "seeds": [r.seed for r in runs], "median_seed": median.seed, "metrics": [r.metrics for r in runs],
+        "collapsed": [r.collapsed for r in runs],
         "majority_baseline": majority_baseline(task, [label for _, label in data.train], gold[main_dev]),
         "model": os.path.abspath(args.model) + (" (random init)" if args.random_init else ""),
         "train_examples": len(data.train), "dev_examples": len(data.dev[main_dev]),

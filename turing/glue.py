@@ -10,7 +10,7 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
 - `encode(...)` / `collate(...)`: `[CLS] A [SEP] (B [SEP])` ids truncated like the original's
   `_truncate_seq_pair`, padded per batch;
 - `compute_metrics` / `task_score` / `majority_baseline`: the official metrics through
-  scikit-learn and scipy;
+  scikit-learn and scipy; `collapse`: whether a run's predictions are all one class;
 - `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
   classification (or, with one output, regression) head; the original BingBertGlue model's
   module tree, so its state-dict keys are `bert.*` and `classifier.*`;
@@ -288,6 +288,21 @@ def compute_metrics(task, predictions, labels):
     return out
 
 
+def collapse(task, predictions, labels):
+    """What a run's predictions collapsed to, or None: one class for every example, or (regression)
+    scores that barely vary (a spread under 1% of the gold scores'), i.e. a model that learned
+    nothing past the label frequencies (or the mean score)."""
+    predictions = np.asarray(predictions)
+    if task.labels is None:
+        spread, scale = float(np.std(predictions)), float(np.std(labels))
+        if np.ptp(predictions) == 0 or spread < 0.01 * scale:
+            return (f"a near constant ({float(np.mean(predictions)):.3f}, std {spread:.2g} against the labels' "
+                    f"{scale:.2g})")
+        return None
+    classes = np.unique(predictions)
+    return f"'{task.labels[int(classes[0])]}'" if len(classes) == 1 else None
+
+
 def task_score(task, metrics):
     """The task's one number: the mean of its official metrics."""
     return float(np.mean([metrics[m] for m in task.metrics]))
@@ -392,9 +407,22 @@ def average_score(run):
     return float(np.mean([entry["score"] for entry in run.values()]))
 
 
+def median_collapsed(entry):
+    """Whether the run a results entry reports (its median seed) collapsed (see `collapse`)."""
+    collapsed, seeds = entry.get("collapsed"), entry.get("seeds")
+    if not isinstance(collapsed, list) or not isinstance(seeds, list) or entry.get("median_seed") not in seeds:
+        return False
+    index = seeds.index(entry["median_seed"])
+    return index < len(collapsed) and collapsed[index] is True
+
+
+COLLAPSE_NOTE = ("* the run predicted one class for every dev example (or a constant score): it learned nothing "
+                 "past the label frequencies (a learning rate too low for the model size, or too few steps)")
+
+
 def _cell(entry):
     scores = entry["scores"]
-    text = f"{100 * entry['score']:.1f}"
+    text = f"{100 * entry['score']:.1f}" + ("*" if median_collapsed(entry) else "")
     if len(scores) > 1:
         text += f" [{100 * min(scores):.1f}, {100 * max(scores):.1f}]"
     return text
@@ -404,7 +432,8 @@ def results_table(runs):
     """Text table, one row per task (+ the average of several), one column per run.
 
     runs: {column name: {task name: results entry}}. A cell is the median score x100 and, for
-    several seeds, [min, max] over them; the last column is the majority-class baseline.
+    several seeds, [min, max] over them, and a `*` when the reported run collapsed (a note
+    under the table says what that means); the last column is the majority-class baseline.
     """
     first = {}  # task -> its entry in the first run that has it (metric, baseline)
     for run in runs.values():
@@ -418,5 +447,8 @@ def results_table(runs):
         rows.append(["average", "", *(f"{100 * average_score(run):.1f}" for run in runs.values()),
                      f"{100 * np.mean([e['majority_baseline'] for e in first.values()]):.1f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    if any(median_collapsed(entry) for run in runs.values() for entry in run.values()):
+        lines.append(COLLAPSE_NOTE)
+    return "\n".join(lines)
