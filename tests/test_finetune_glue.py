@@ -297,9 +297,9 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     assert (out / "results.json").read_text() == '{"earlier": "run"}'
     assert sorted(os.listdir(out)) == ["results.json"]
 
-    for lr in ("inf", "nan", "0"):
+    for lr in ("inf", "nan", "0", "1e-4,1e400"):
         assert finetune(pretrained["ckpt"], "sst2", sst2, tmp_path / "lr", "--lr", lr) == 2
-        assert f"--lr {float(lr)}: must be a positive finite number" in _error_line(capsys)
+        assert f"--lr {lr.split(',')[-1]}: must be a positive finite number" in _error_line(capsys)
     assert not (tmp_path / "lr").exists()
 
 
@@ -593,3 +593,27 @@ def test_collapse_of_regression_scores():
     assert collapse(stsb, [1.0, 2.1, 3.9, 2.7], gold) is None
     assert collapse(TASKS["rte"], [1, 1, 1], [0, 1, 0]) == "'not_entailment'"
     assert collapse(TASKS["rte"], [1, 0, 1], [0, 1, 0]) is None
+
+
+def test_lr_sweep_picks_by_held_out_training_examples_not_dev(pretrained, tmp_path, capsys):
+    """The dev labels are the training rule inverted: the learning rate that learns the rule scores
+    best on held-out training examples and worst on dev. The sweep picks it, so it never looked
+    at the dev set; it says which it picked and records the sweep."""
+    data = os.path.join(write_glue_dir(str(tmp_path / "glue"), pretrained["words"], n_train=400, n_dev=64), "SST-2")
+    lines = open(os.path.join(data, "dev.tsv")).read().splitlines()
+    with open(os.path.join(data, "dev.tsv"), "w") as f:
+        f.write("\n".join([lines[0]] + [f"{s}\t{1 - int(label)}" for s, label in (line.split("\t") for line in lines[1:])]))
+    assert finetune(pretrained["ckpt"], "sst2", data, tmp_path / "out", "--lr", "1e-6,1e-3", "--epochs", "4") == 0
+    entry = json.loads((tmp_path / "out" / "results.json").read_text())
+    sweep = entry["lr_sweep"]
+    assert sweep["picked"] == entry["settings"]["lr"] == 1e-3 and sweep["candidates"] == [1e-6, 1e-3]
+    assert sweep["held_out_examples"] == 100 and sweep["trained_on"] == 300
+    low, high = sweep["held_out_scores"]
+    assert high > 0.9 and high > low + 0.3, sweep
+    assert entry["score"] < 0.2  # on the inverted dev set: a pick by dev score would have taken 1e-6
+    err = capsys.readouterr().err
+    assert "sst2: picked --lr 0.001 (accuracy on 100 held-out training examples, trained on the other 300" in err, err
+    assert sorted(os.listdir(tmp_path / "out" / "runs" / "sst2" / "lr_sweep")) == ["lr0.001", "lr1e-06"]
+    # one learning rate: no sweep
+    assert finetune(pretrained["ckpt"], "sst2", data, tmp_path / "one", "--lr", "1e-3") == 0
+    assert "lr_sweep" not in json.loads((tmp_path / "one" / "results.json").read_text())

@@ -51,6 +51,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import signal
 import sys
@@ -97,7 +98,10 @@ def build_parser():
     p.add_argument("--output_dir", required=True, help="where results.json, predictions and logs go")
     p.add_argument("--seeds", type=int, default=3, help="runs per task; the median is reported (default 3)")
     p.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
-    p.add_argument("--lr", type=float, default=4e-5, help="peak learning rate (default 4e-5)")
+    p.add_argument("--lr", default="4e-5",
+                   help="peak learning rate (default 4e-5), or several, comma-separated (1e-4,3e-4,1e-3): each is "
+                        "tried on the training set less a held-out 10%% of it, and the one that scores best on "
+                        "that held-out part is used (the dev set is never looked at)")
     p.add_argument("--batch_size", type=int, default=32, help="training batch size (default 32)")
     p.add_argument("--max_seq_length", type=int, default=128, help="tokens per example, [CLS]/[SEP] included")
     p.add_argument("--vocab_file", default=None, help="vocab.txt to use instead of the model's")
@@ -115,12 +119,28 @@ def build_parser():
     return p
 
 
+def parse_lrs(text):
+    """--lr: one learning rate or a comma-separated list to sweep; each positive and finite."""
+    lrs = []
+    for part in str(text).split(","):
+        try:
+            lr = float(part)
+        except ValueError:
+            raise GlueError(f"--lr {text}: '{part}' is not a number") from None
+        if not (math.isfinite(lr) and lr > 0):
+            raise GlueError(f"--lr {part}: must be a positive finite number")
+        lrs.append(lr)
+    if len(set(lrs)) != len(lrs):
+        raise GlueError(f"--lr {text}: a learning rate is repeated")
+    return lrs
+
+
 def check_args(args):
+    """Flags and paths; turns --lr into the list of its learning rates."""
     for flag in ("seeds", "epochs", "batch_size"):
         if getattr(args, flag) < 1:
             raise GlueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise GlueError(f"--lr {args.lr}: must be a positive finite number")
+    args.lr = parse_lrs(args.lr)
     if not os.path.exists(args.model):
         raise GlueError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
                         "a state dict file or a Hugging Face folder written by tools/export_hf.py")
@@ -298,15 +318,15 @@ def predict(model, loader, device, bf16):
     return torch.cat(out).numpy()
 
 
-def run_seed(args, source, data, seed, device, writer):
-    """Fine-tune one model; returns {dev file: predictions}."""
+def run_seed(args, source, data, seed, lr, device, writer):
+    """Fine-tune one model at peak learning rate `lr`; returns {dev file: predictions}."""
     task = data.task
     regression = task.labels is None
     set_seeds(seed)
     model = build_model(source, task.num_labels, args.random_init).to(device)
     train_loader = _loader(data.train, args.batch_size, data.pad_id, regression, shuffle=True, seed=seed)
     total_steps = args.epochs * len(train_loader)
-    optimizer, scheduler = make_optimizer(model, args.lr, total_steps)
+    optimizer, scheduler = make_optimizer(model, lr, total_steps)
     bar = tqdm(total=total_steps, desc=f"{task.name} seed {seed}", unit="step", disable=None, leave=False)
     step = 0
     try:
@@ -319,7 +339,7 @@ def run_seed(args, source, data, seed, device, writer):
                 value = loss.item()
                 if not math.isfinite(value):
                     raise Diverged(f"{task.name} seed {seed}: the loss is {value} at step {step + 1} of "
-                                   f"{total_steps} (lr {args.lr:g}): lower --lr")
+                                   f"{total_steps} (lr {lr:g}): lower --lr")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
@@ -334,7 +354,7 @@ def run_seed(args, source, data, seed, device, writer):
         bar.close()
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise Diverged(f"{task.name} seed {seed}: the weights are not finite after the last step "
-                       f"(lr {args.lr:g}): lower --lr")
+                       f"(lr {lr:g}): lower --lr")
     return {name: predict(model, _loader(items, EVAL_BATCH_SIZE, data.pad_id, regression), device, args.bf16)
             for name, items in data.dev.items()}
 
@@ -379,16 +399,18 @@ def warn_if_collapsed(task, what, predictions, labels, steps):
 
 
 def run_task(args, source, data, out_dir, device):
-    """All seeds of one task; writes the median run's predictions; returns the results entry."""
+    """All seeds of one task (at the --lr picked by `sweep_lr` when several are given); writes
+    the median run's predictions; returns the results entry."""
     task = data.task
     main_dev = task.dev_files[0]
     gold = {name: [label for _, label in items] for name, items in data.dev.items()}
     steps = args.epochs * math.ceil(len(data.train) / args.batch_size)
+    lr, sweep = sweep_lr(args, source, data, out_dir, device) if len(args.lr) > 1 else (args.lr[0], None)
     runs = []
     for seed in range(args.seeds):
         started = time.time()
         with SummaryWriter(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
-            predictions = run_seed(args, source, data, seed, device, writer)
+            predictions = run_seed(args, source, data, seed, lr, device, writer)
             score, metrics = score_predictions(task, predictions, gold, main_dev)
             for key, value in metrics.items():
                 writer.add_scalar(f"Dev/{key}", value, 0)
@@ -403,16 +425,67 @@ def run_task(args, source, data, out_dir, device):
         filename = "dev_predictions.tsv" if name == main_dev else f"{_stem(name)}_predictions.tsv"
         write_atomic(os.path.join(out_dir, filename),
                      "index\tprediction\n" + "".join(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds)))
-    return {
+    entry = {
         "task": task.name, "metric": task.metric_name, "score": median.score, "scores": [r.score for r in runs],
         "seeds": [r.seed for r in runs], "median_seed": median.seed, "metrics": [r.metrics for r in runs],
         "collapsed": [r.collapsed for r in runs],
         "majority_baseline": majority_baseline(task, [label for _, label in data.train], gold[main_dev]),
         "model": os.path.abspath(args.model) + (" (random init)" if args.random_init else ""),
         "train_examples": len(data.train), "dev_examples": len(data.dev[main_dev]),
-        "settings": {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
+        "settings": {"epochs": args.epochs, "lr": lr, "batch_size": args.batch_size,
                      "max_seq_length": args.max_seq_length, "bf16": args.bf16, "device": device.type},
     }
+    return {**entry, "lr_sweep": sweep} if sweep else entry
+
+
+# ---------------------------------------------------------------------------------------------
+# The --lr sweep
+
+SWEEP_HELD_OUT = 0.1  # share of the training set the sweep scores on (at least min(100, n // 4) examples)
+SWEEP_SEED = 0
+
+
+def held_out_split(items, seed=SWEEP_SEED):
+    """(the rest, the held-out part) of the training examples, a seeded SWEEP_HELD_OUT of them."""
+    n = len(items)
+    k = max(round(SWEEP_HELD_OUT * n), min(100, n // 4))
+    if k < 1 or k >= n:
+        raise GlueError(f"--lr with several values: {n} training examples are too few to hold some out")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [items[i] for i in sorted(order[k:])], [items[i] for i in sorted(order[:k])]
+
+
+def sweep_lr(args, source, data, out_dir, device):
+    """(the --lr to use, a record of the sweep): each candidate fine-tunes seed SWEEP_SEED on the
+    training set less a held-out part, and is scored on that part; the best score wins (a run
+    that collapsed loses a tie; then the first listed). The dev set is not used."""
+    task = data.task
+    train, held_out = held_out_split(data.train)
+    trial = dataclasses.replace(data, train=train, dev={"held_out": held_out})
+    gold = {"held_out": [label for _, label in held_out]}
+    scores, collapsed = {}, {}
+    for lr in args.lr:
+        with SummaryWriter(os.path.join(out_dir, "runs", task.name, "lr_sweep", f"lr{lr:g}")) as writer:
+            try:
+                predictions = run_seed(args, source, trial, SWEEP_SEED, lr, device, writer)
+            except Diverged as e:
+                logger.warning("%s: --lr %g left out of the sweep: %s", task.name, lr, e)
+                continue
+        scores[lr], _ = score_predictions(task, predictions, gold, "held_out")
+        collapsed[lr] = collapse(task, predictions["held_out"], gold["held_out"]) is not None
+        logger.info("%s --lr %g: %s %.4f on %d held-out training examples%s", task.name, lr, task.metric_name,
+                    scores[lr], len(held_out), " (collapsed: one class for all)" if collapsed[lr] else "")
+    if not scores:
+        raise Diverged(f"{task.name}: every --lr of the sweep gave a non-finite loss: lower them")
+    picked = max(scores, key=lambda lr: (scores[lr], not collapsed[lr]))
+    logger.info("%s: picked --lr %g (%s on %d held-out training examples, trained on the other %d; %s)", task.name,
+                picked, task.metric_name, len(held_out), len(train),
+                ", ".join(f"{lr:g}: {scores[lr]:.4f}" if lr in scores else f"{lr:g}: diverged" for lr in args.lr))
+    return picked, {"picked": picked, "candidates": args.lr, "held_out_examples": len(held_out),
+                    "trained_on": len(train), "seed": SWEEP_SEED,
+                    "held_out_scores": [scores.get(lr) for lr in args.lr],
+                    "collapsed": [collapsed.get(lr) for lr in args.lr]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,13 +560,17 @@ def finetune(args):
     tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
     # Every file and the weights are read and checked before the first task trains.
     data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
+    if len(args.lr) > 1:
+        for d, _ in data:
+            held_out_split(d.train)  # enough examples to hold some out
     if not args.random_init:
         build_model(source, 2, False)
     prepare_output_dir(args.output_dir, args.overwrite)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %g, batch %d, max_seq_length %d%s",
+    logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %s, batch %d, max_seq_length %d%s",
                 args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
-                device.type, args.seeds, args.epochs, args.lr, args.batch_size, args.max_seq_length,
+                device.type, args.seeds, args.epochs, " or ".join(f"{lr:g}" for lr in args.lr), args.batch_size,
+                args.max_seq_length,
                 ", bf16" if args.bf16 else "")
     results = {}
     try:
