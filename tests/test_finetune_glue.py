@@ -617,3 +617,40 @@ def test_lr_sweep_picks_by_held_out_training_examples_not_dev(pretrained, tmp_pa
     # one learning rate: no sweep
     assert finetune(pretrained["ckpt"], "sst2", data, tmp_path / "one", "--lr", "1e-3") == 0
     assert "lr_sweep" not in json.loads((tmp_path / "one" / "results.json").read_text())
+
+
+def _tree(folder):
+    """{relative path: bytes} of every file under folder."""
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(folder) for f in files}
+
+
+def test_probe_tasks_into_an_earlier_set(pretrained, tmp_path, capsys):
+    """An earlier probe set is refused without --overwrite, replaced whole (and named) with it, and
+    a run that fails leaves it as it was, never a mix of two sets."""
+    out = tmp_path / "probe"
+    small = ["--input", pretrained["corpus"], "--output_dir", str(out), "--train_size", "40", "--dev_size", "20"]
+    assert make_probe_tasks.main(small) == 0
+    earlier = _tree(out)
+    capsys.readouterr()
+    bigger = small[:4] + ["--train_size", "60", "--dev_size", "30"]
+    assert make_probe_tasks.main(bigger) == 2
+    line = _error_line(capsys)
+    assert f"--output_dir {out} is not empty (probe_order, probe_samedoc, probe_swap)" in line and "--overwrite" in line
+    assert _tree(out) == earlier
+
+    # a corpus with no two usable sentences in a row: probe_swap and probe_samedoc can be made, probe_order not
+    gappy = tmp_path / "gappy.txt"
+    gappy.write_text("\n\n".join("\n".join(f"word{d} long sentence number {i} of this document" if i % 2 else "too short"
+                                           for i in range(8)) for d in range(12)) + "\n")
+    assert make_probe_tasks.main(["--input", str(gappy), "--output_dir", str(out), "--overwrite"]) == 2
+    assert "too little text for probe_order" in _error_line(capsys)
+    assert _tree(out) == earlier and sorted(os.listdir(out)) == ["probe_order", "probe_samedoc", "probe_swap"]
+
+    (out / "notes.txt").write_text("mine")
+    assert make_probe_tasks.main(bigger + ["--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: replaced the earlier probe_swap (40 train, 20 dev); probe_samedoc (40 train, 20 dev)" in err, err
+    assert "left in place, not written by make_probe_tasks: notes.txt" in err
+    assert len(read_examples(str(out / "probe_order" / "train.tsv"), TASKS["probe_order"])) == 60
+    assert sorted(os.listdir(out)) == ["notes.txt", "probe_order", "probe_samedoc", "probe_swap"]
