@@ -1,7 +1,8 @@
 """Fine-tune a pretrained checkpoint on GLUE (or the offline probe suite) and report dev scores.
 
     python -m tools.finetune_glue --model PATH --task TASK --data_dir DIR --output_dir OUT \
-        [--seeds N] [--epochs E] [--lr LR] [--batch_size B] [--max_seq_length L] [--vocab_file V] [--bf16]
+        [--seeds N] [--epochs E] [--lr LR[,LR...]] [--batch_size B] [--max_seq_length L] [--vocab_file V] \
+        [--bf16] [--overwrite] [--log_level warning]
 
 PATH is one of:
 - a checkpoint folder of this project: OUT/saved_models/JOB (its `latest` checkpoint) or a tag
@@ -25,17 +26,24 @@ hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases
 LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
 gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
 runs (seeds 0..N-1; for an even N the lower median, so the score is always one run's).
+Small models need a higher learning rate than BERT-base's 4e-5: with several (`--lr
+1e-4,3e-4,1e-3`) each fine-tunes seed 0 on the training set less a held-out 10% and the best on
+that part is used for the real runs (the dev set is never looked at); results.json records the
+sweep. A run whose dev predictions are all one class (regression: a near constant) is named in
+a warning with its likely causes and marked `"collapsed"` in results.json.
 
 Output under OUT (for `all`, one subfolder per task, named like the task's folder):
 - results.json: {"task", "metric", "score" (the median), "scores" (one per seed), "seeds",
-  "metrics" (every metric, per seed), "majority_baseline", "model", ...}; for `all` the same in
+  "metrics" (every metric, per seed), "collapsed" (per seed), "majority_baseline", "model",
+  "settings" (lr: the one used), "lr_sweep" (with several --lr), ...}; for `all` the same in
   each task's subfolder, and in OUT one such entry per task plus "average" (the mean of the
   task scores) and, while tasks remain (a run stopped early), "unfinished" (their names).
   Scores are fractions. Each task's files are written, whole, as soon as the task finishes
   (results.json last), so a stopped run leaves the finished tasks' results and nothing else.
 - dev_predictions.tsv: `index<TAB>prediction` per dev line of the median run, labels as the
   data writes them (MNLI also dev_mismatched_predictions.tsv);
-- runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics).
+- runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics); runs/TASK/lr_sweep/lrLR
+  those of the sweep's runs.
 OUT must be empty or new: earlier results there are refused, or removed with --overwrite
 (files the tool did not write are left, with a warning), so one folder never mixes two runs.
 
