@@ -252,16 +252,16 @@ def _error_line(capsys):
 def test_errors(pretrained, glue_dir, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "results.json").write_text('{"earlier": "run"}')
+    (out / "results.json").write_text('{"earlier": "run"}')  # kept: bad input stops before --overwrite clears
     sst2 = os.path.join(glue_dir, "SST-2")
 
-    assert finetune(tmp_path / "nowhere", "sst2", sst2, out) == 2
+    assert finetune(tmp_path / "nowhere", "sst2", sst2, out, "--overwrite") == 2
     assert "nowhere: not found" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "sst2", tmp_path / "no_data", out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", tmp_path / "no_data", out, "--overwrite") == 2
     assert "no_data: folder not found" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "sst5", sst2, out) == 2
+    assert finetune(pretrained["ckpt"], "sst5", sst2, out, "--overwrite") == 2
     assert "--task sst5: unknown task" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "all", tmp_path, out) == 2
+    assert finetune(pretrained["ckpt"], "all", tmp_path, out, "--overwrite") == 2
     assert "no task folder found" in _error_line(capsys)
 
     bad = tmp_path / "bad"
@@ -270,17 +270,17 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     lines = open(os.path.join(sst2, "train.tsv")).read().splitlines()
     lines[5] = lines[5].replace("\t", " ")
     (bad / "train.tsv").write_text("\n".join(lines) + "\n")
-    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", bad, out, "--overwrite") == 2
     assert f"{bad / 'train.tsv'}:6: expected 2 tab-separated fields, found 1" in _error_line(capsys)
     lines[5] = "some words\tpositive"
     (bad / "train.tsv").write_text("\n".join(lines) + "\n")
-    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", bad, out, "--overwrite") == 2
     assert f"{bad / 'train.tsv'}:6: label 'positive' is not one of 0, 1" in _error_line(capsys)
 
     # sizes that do not fit: a vocab 16 tokens longer, a config with a narrower feed-forward layer
     vocab = tmp_path / "vocab.txt"
     vocab.write_text(open(pretrained["vocab"]).read() + "".join(f"extra{i}\n" for i in range(16)))
-    assert finetune(pretrained["ckpt"], "sst2", sst2, out, "--vocab_file", vocab) == 2
+    assert finetune(pretrained["ckpt"], "sst2", sst2, out, "--overwrite", "--vocab_file", vocab) == 2
     line = _error_line(capsys)
     assert "shapes differ" in line and "word_embeddings" in line
     cf = json.loads(open(TINY_CFG).read())
@@ -288,15 +288,18 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     (tmp_path / "cf.json").write_text(json.dumps(cf))
     state, _, _ = load_checkpoint_state(pretrained["ckpt"])
     torch.save(state, tmp_path / "model.pt")
-    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--cf", tmp_path / "cf.json",
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--overwrite", "--cf", tmp_path / "cf.json",
                     "--vocab_file", pretrained["vocab"]) == 2
     line = _error_line(capsys)
     assert "model.pt: shapes differ" in line and "intermediate" in line
-    assert finetune(tmp_path / "model.pt", "sst2", sst2, out) == 2  # no config beside it
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--overwrite") == 2  # no config beside it
     assert "no bert_model_config" in _error_line(capsys)
 
     assert (out / "results.json").read_text() == '{"earlier": "run"}'
     assert sorted(os.listdir(out)) == ["results.json"]
+    # without --overwrite the folder is refused first, before the data and weights are read
+    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert f"--output_dir {out} is not empty (results.json)" in _error_line(capsys)
 
     for lr in ("inf", "nan", "0", "1e-4,1e400"):
         assert finetune(pretrained["ckpt"], "sst2", sst2, tmp_path / "lr", "--lr", lr) == 2

@@ -156,6 +156,11 @@ def check_args(args):
         raise GlueError(f"--data_dir {args.data_dir}: folder not found")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise GlueError(f"--output_dir {args.output_dir}: exists and is not a folder")
+    present = sorted(os.listdir(args.output_dir)) if os.path.isdir(args.output_dir) else []
+    if present and not args.overwrite:
+        raise GlueError(f"--output_dir {args.output_dir} is not empty ({', '.join(present[:4])}"
+                        f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to "
+                        "remove the earlier results first")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,16 +513,13 @@ def _is_output(name, path):
     return base == "results.json" or base.endswith("_predictions.tsv")
 
 
-def prepare_output_dir(output_dir, overwrite):
-    """An empty (or new) --output_dir; earlier output is refused, or with --overwrite removed:
-    results, predictions and TensorBoard runs, also in the task subfolders of `--task all`.
-    Files finetune_glue did not write are left in place, with a warning."""
-    if not os.path.isdir(output_dir) or not (present := sorted(os.listdir(output_dir))):
+def clear_output_dir(output_dir):
+    """--overwrite, once every input is checked: remove the earlier output in --output_dir
+    (results, predictions and TensorBoard runs, also in the task subfolders of `--task all`);
+    files finetune_glue did not write are left in place, with a warning. (check_args refuses a
+    non-empty folder without --overwrite.)"""
+    if not os.path.isdir(output_dir):
         return
-    if not overwrite:
-        raise GlueError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
-                        f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to "
-                        "remove the earlier results first")
     task_folders = {t.folder.lower() for t in TASKS.values()} | set(TASKS)
     removed, kept = [], []
 
@@ -573,7 +575,7 @@ def finetune(args):
             held_out_split(d.train)  # enough examples to hold some out
     if not args.random_init:
         build_model(source, 2, False)
-    prepare_output_dir(args.output_dir, args.overwrite)
+    clear_output_dir(args.output_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %s, batch %d, max_seq_length %d%s",
                 args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
