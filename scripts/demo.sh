@@ -32,9 +32,11 @@ if [ ! -d "$WORK/probe" ]; then
 fi
 for init in pretrained random; do
   if [ ! "$WORK/probe_$init/results.json" -nt "$CKPT/latest" ]; then
+    # the log (stdout and stderr) goes to the file; on failure its last lines are shown
     "$PY" -m tools.finetune_glue --model "$CKPT" --task all --data_dir "$WORK/probe" \
-      --output_dir "$WORK/probe_$init" --seeds 1 --epochs 3 --lr 1e-3 --max_seq_length 32 \
-      $([ "$init" = random ] && echo --random_init) > "$WORK/probe_$init.log"
+      --output_dir "$WORK/probe_$init" --overwrite --seeds 1 --epochs 3 --lr 1e-3 --max_seq_length 32 \
+      $([ "$init" = random ] && echo --random_init) > "$WORK/probe_$init.log" 2>&1 \
+      || { tail -n 5 "$WORK/probe_$init.log"; exit 1; }
   fi
 done
 echo "probe suite (dev accuracy x100; $WORK/probe_*/results.json):"

@@ -10,6 +10,7 @@ pretraining's masked words and next sentences teach. The GLUE-layout files are t
 import json
 import os
 import random
+import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,7 +23,7 @@ import deepspeed_train  # noqa: E402
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
 from testkit.synthetic import SPECIALS  # noqa: E402
 from tools import export_hf, finetune_glue, glue_table, make_probe_tasks, prepare_data  # noqa: E402
-from turing.glue import TASKS, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
+from turing.glue import TASKS, collapse, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
 from turing.checkpoint import load_checkpoint_state  # noqa: E402
 
 TOPICS, WORDS_PER_TOPIC = 8, 3
@@ -196,6 +197,7 @@ def test_single_task_median_of_seeds(pretrained, glue_dir, tmp_path):
                     "--epochs", "2", "--lr", "1e-3") == 0
     entry = json.loads((out / "results.json").read_text())
     assert entry["task"] == "sst2" and entry["seeds"] == [0, 1, 2] and len(entry["scores"]) == 3
+    assert entry["settings"]["lr"] == 1e-3 and "lr_sweep" not in entry  # one learning rate: no sweep
     assert entry["score"] == sorted(entry["scores"])[1]
     assert entry["scores"][entry["median_seed"]] == entry["score"]
     predictions = read_predictions(out / "dev_predictions.tsv")
@@ -227,8 +229,8 @@ def test_three_model_sources_give_the_same_run(pretrained, glue_dir, tmp_path):
             "random": (pretrained["ckpt"], "--random_init")}
     losses = {}
     for name, (model, *extra) in runs.items():
-        assert finetune(model, "sst2", data, tmp_path / name, *extra) == 0, name
-        losses[name] = train_losses(tmp_path / name, "sst2")
+        assert finetune(model, "sst2", data, tmp_path / f"out_{name}", *extra) == 0, name
+        losses[name] = train_losses(tmp_path / f"out_{name}", "sst2")
     assert losses["job"] == losses["tag"] == losses["full"]
     assert losses["hf"] == pytest.approx(losses["no_pooler"], abs=1e-5)
     assert losses["full"] != pytest.approx(losses["no_pooler"], abs=1e-5)  # the pooler was loaded
@@ -250,16 +252,16 @@ def _error_line(capsys):
 def test_errors(pretrained, glue_dir, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "results.json").write_text('{"earlier": "run"}')
+    (out / "results.json").write_text('{"earlier": "run"}')  # kept: bad input stops before --overwrite clears
     sst2 = os.path.join(glue_dir, "SST-2")
 
-    assert finetune(tmp_path / "nowhere", "sst2", sst2, out) == 2
+    assert finetune(tmp_path / "nowhere", "sst2", sst2, out, "--overwrite") == 2
     assert "nowhere: not found" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "sst2", tmp_path / "no_data", out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", tmp_path / "no_data", out, "--overwrite") == 2
     assert "no_data: folder not found" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "sst5", sst2, out) == 2
+    assert finetune(pretrained["ckpt"], "sst5", sst2, out, "--overwrite") == 2
     assert "--task sst5: unknown task" in _error_line(capsys)
-    assert finetune(pretrained["ckpt"], "all", tmp_path, out) == 2
+    assert finetune(pretrained["ckpt"], "all", tmp_path, out, "--overwrite") == 2
     assert "no task folder found" in _error_line(capsys)
 
     bad = tmp_path / "bad"
@@ -268,17 +270,17 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     lines = open(os.path.join(sst2, "train.tsv")).read().splitlines()
     lines[5] = lines[5].replace("\t", " ")
     (bad / "train.tsv").write_text("\n".join(lines) + "\n")
-    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", bad, out, "--overwrite") == 2
     assert f"{bad / 'train.tsv'}:6: expected 2 tab-separated fields, found 1" in _error_line(capsys)
     lines[5] = "some words\tpositive"
     (bad / "train.tsv").write_text("\n".join(lines) + "\n")
-    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert finetune(pretrained["ckpt"], "sst2", bad, out, "--overwrite") == 2
     assert f"{bad / 'train.tsv'}:6: label 'positive' is not one of 0, 1" in _error_line(capsys)
 
     # sizes that do not fit: a vocab 16 tokens longer, a config with a narrower feed-forward layer
     vocab = tmp_path / "vocab.txt"
     vocab.write_text(open(pretrained["vocab"]).read() + "".join(f"extra{i}\n" for i in range(16)))
-    assert finetune(pretrained["ckpt"], "sst2", sst2, out, "--vocab_file", vocab) == 2
+    assert finetune(pretrained["ckpt"], "sst2", sst2, out, "--overwrite", "--vocab_file", vocab) == 2
     line = _error_line(capsys)
     assert "shapes differ" in line and "word_embeddings" in line
     cf = json.loads(open(TINY_CFG).read())
@@ -286,15 +288,23 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     (tmp_path / "cf.json").write_text(json.dumps(cf))
     state, _, _ = load_checkpoint_state(pretrained["ckpt"])
     torch.save(state, tmp_path / "model.pt")
-    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--cf", tmp_path / "cf.json",
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--overwrite", "--cf", tmp_path / "cf.json",
                     "--vocab_file", pretrained["vocab"]) == 2
     line = _error_line(capsys)
     assert "model.pt: shapes differ" in line and "intermediate" in line
-    assert finetune(tmp_path / "model.pt", "sst2", sst2, out) == 2  # no config beside it
+    assert finetune(tmp_path / "model.pt", "sst2", sst2, out, "--overwrite") == 2  # no config beside it
     assert "no bert_model_config" in _error_line(capsys)
 
     assert (out / "results.json").read_text() == '{"earlier": "run"}'
     assert sorted(os.listdir(out)) == ["results.json"]
+    # without --overwrite the folder is refused first, before the data and weights are read
+    assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
+    assert f"--output_dir {out} is not empty (results.json)" in _error_line(capsys)
+
+    for lr in ("inf", "nan", "0", "1e-4,1e400"):
+        assert finetune(pretrained["ckpt"], "sst2", sst2, tmp_path / "lr", "--lr", lr) == 2
+        assert f"--lr {lr.split(',')[-1]}: must be a positive finite number" in _error_line(capsys)
+    assert not (tmp_path / "lr").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,10 +368,290 @@ def test_pretrained_beats_random_init_on_a_probe(pretrained, tmp_path, capsys):
     assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "pretrained", *common) == 0
     assert finetune(pretrained["ckpt"], "probe_samedoc", data, tmp_path / "random", *common, "--random_init") == 0
     capsys.readouterr()
-    scores = {name: json.loads((tmp_path / name / "results.json").read_text())["score"]
-              for name in ("pretrained", "random")}
+    entries = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("pretrained", "random")}
+    scores = {name: entry["score"] for name, entry in entries.items()}
     assert scores["pretrained"] >= scores["random"] + 0.2, scores
     assert glue_table.main([f"pretrained={tmp_path / 'pretrained'}", f"random init={tmp_path / 'random'}"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["task", "metric", "pretrained", "random"]
-    assert table[1].split()[2:4] == [f"{100 * scores['pretrained']:.1f}", f"{100 * scores['random']:.1f}"]
+    # a run that predicted one class for every dev example is starred (the random start often is)
+    assert table[1].split()[2:4] == [f"{100 * entries[name]['score']:.1f}" + ("*" if entries[name]["collapsed"][0] else "")
+                                     for name in ("pretrained", "random")]
+
+
+def write_stsb(folder, scores):
+    """An STS-B folder (header layout) whose training scores are `scores` as written."""
+    os.makedirs(folder, exist_ok=True)
+    for split, values in (("train", scores), ("dev", ["0.5", "2", "4.25", "3"])):
+        with open(os.path.join(folder, f"{split}.tsv"), "w") as f:
+            f.write("index\tsentence1\tsentence2\tscore\n")
+            f.writelines(f"{i}\tsome words here\tother words there\t{v}\n" for i, v in enumerate(values))
+    return folder
+
+
+@pytest.mark.parametrize("label", ["nan", "1e400", "-inf"])
+def test_non_finite_regression_labels_are_refused(pretrained, tmp_path, capsys, label):
+    data = write_stsb(str(tmp_path / "STS-B"), ["1.0", "2.5", label, "4.0"])
+    assert finetune(pretrained["ckpt"], "stsb", data, tmp_path / "out") == 2
+    assert f"{os.path.join(data, 'train.tsv')}:4: label '{label}' is not a finite number" in _error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_undecodable_and_cr_only_tsv_name_the_file(pretrained, glue_dir, tmp_path, capsys):
+    sst2 = os.path.join(glue_dir, "SST-2")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "dev.tsv").write_text(open(os.path.join(sst2, "dev.tsv")).read())
+    lines = open(os.path.join(sst2, "train.tsv"), "rb").read().split(b"\n")
+    lines[3] = lines[3].replace(b" ", b" caf\xe9 ", 1)  # Latin-1, not UTF-8
+    (bad / "train.tsv").write_bytes(b"\n".join(lines))
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    assert f"{bad / 'train.tsv'}:4: not UTF-8 text (byte 0xe9" in _error_line(capsys)
+    # an old-Mac file: every line ends in CR only, so the whole file is one line
+    (bad / "train.tsv").write_bytes(open(os.path.join(sst2, "train.tsv"), "rb").read().replace(b"\n", b"\r"))
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    line = _error_line(capsys)
+    assert f"{bad / 'train.tsv'}: lines end in a carriage return only" in line and len(line) < 300, line
+    # a header of many long columns: the error quotes a few of them, cut short
+    (bad / "train.tsv").write_text("\t".join(f"column{i}" + "x" * 200 for i in range(50)) + "\n")
+    assert finetune(pretrained["ckpt"], "sst2", bad, tmp_path / "out") == 2
+    line = _error_line(capsys)
+    assert "header has no column 'sentence'" in line and "(50 in all)" in line and len(line) < 800, line
+
+
+def test_task_all_finds_folders_in_any_case(pretrained, glue_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    for src, dst in (("CoLA", "cola"), ("SST-2", "Sst-2"), ("SST-2", "my_task")):
+        (data / dst).mkdir(parents=True)
+        for split in ("train", "dev"):
+            (data / dst / f"{split}.tsv").write_text(open(os.path.join(glue_dir, src, f"{split}.tsv")).read())
+    assert finetune(pretrained["ckpt"], "all", data, tmp_path / "out") == 0
+    assert set(json.loads((tmp_path / "out" / "results.json").read_text())) == {"cola", "sst2", "average"}
+    err = capsys.readouterr().err
+    assert "skipping my_task: not a task name" in err, err
+    (data / "CoLA").mkdir()
+    assert finetune(pretrained["ckpt"], "all", data, tmp_path / "out2") == 2
+    assert "2 folders for cola (CoLA, cola)" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("cut", ["empty", "truncated"])
+def test_damaged_hf_export_is_one_line(pretrained, glue_dir, tmp_path, capsys, cut):
+    hf = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint_dir", pretrained["ckpt"], "--output_dir", str(hf)]) == 0
+    weights = hf / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"" if cut == "empty" else data[:len(data) // 2])
+    capsys.readouterr()
+    assert finetune(hf, "sst2", os.path.join(glue_dir, "SST-2"), tmp_path / "out") == 2
+    size = 0 if cut == "empty" else len(data) // 2
+    assert f"{weights}: not a complete safetensors file ({size} bytes" in _error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def results_entry(task, score, **extra):
+    """A results.json entry as tools/finetune_glue.py writes it (the fields glue_table reads)."""
+    return {"task": task, "metric": TASKS[task].metric_name, "score": score, "scores": [score],
+            "majority_baseline": 0.5, **extra}
+
+
+def test_glue_table_columns_of_same_named_folders(tmp_path, capsys):
+    for run, tasks in (("A", {"sst2": 0.61, "rte": 0.52}), ("B", {"sst2": 0.73, "cola": 0.1})):
+        (tmp_path / run / "glue").mkdir(parents=True)
+        document = {task: results_entry(task, score) for task, score in tasks.items()}
+        (tmp_path / run / "glue" / "results.json").write_text(json.dumps(document))
+    assert glue_table.main([str(tmp_path / "A" / "glue"), str(tmp_path / "B" / "glue" / "results.json")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["task", "metric", "A/glue", "B/glue", "majority"]
+    assert {row[0]: row[-3:-1] for row in rows[1:]} == {"sst2": ["61.0", "73.0"], "rte": ["52.0", "-"],
+                                                      "cola": ["-", "10.0"], "average": ["56.5", "41.5"]}
+    # a name given twice is refused, not merged
+    assert glue_table.main([f"x={tmp_path / 'A' / 'glue'}", f"x={tmp_path / 'B' / 'glue'}"]) == 2
+    assert "two columns named 'x'" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("document, expected", [
+    ([1, 2], "a JSON list, not a results.json of tools/finetune_glue.py"),
+    ({"sst2": {"task": "sst2", "metric": "accuracy", "score": 0.5}}, "the entry of sst2 has no 'scores'"),
+    ({"task": "sst2", "metric": "accuracy", "score": "high", "scores": [0.5], "majority_baseline": 0.5},
+     "'score' of sst2 is a str, not a number"),
+    ({"average": 0.5}, "no task results in it"),
+], ids=["list", "no_scores", "string_score", "no_tasks"])
+def test_glue_table_on_a_foreign_results_file_is_one_line(tmp_path, capsys, document, expected):
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    assert glue_table.main([str(tmp_path)]) == 2
+    assert f"{tmp_path / 'results.json'}: {expected}" in _error_line(capsys)
+
+
+def test_reused_output_dir_is_refused_or_cleared(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 0
+    first = (out / "results.json").read_text()
+    capsys.readouterr()
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3") == 2
+    line = _error_line(capsys)
+    assert f"--output_dir {out} is not empty (CoLA, RTE, SST-2, results.json)" in line and "--overwrite" in line
+    assert (out / "results.json").read_text() == first
+    (out / "notes.txt").write_text("mine")
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3", "--overwrite") == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: removed the earlier results in" in err and "SST-2/dev_predictions.tsv" in err, err
+    assert "left in place, not written by finetune_glue: notes.txt" in err
+    assert json.loads((out / "results.json").read_text())["sst2"]["settings"]["lr"] == 1e-3
+    assert (out / "notes.txt").read_text() == "mine"
+    # one run's TensorBoard events per seed, not two runs' curves in one folder
+    for folder, task in (("SST-2", "sst2"), ("RTE", "rte"), ("CoLA", "cola")):
+        assert len(os.listdir(out / folder / "runs" / task / "seed0")) == 1
+        assert json.loads((out / folder / "results.json").read_text())["task"] == task
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_keeps_the_finished_tasks_and_nothing_else(pretrained, glue_dir, tmp_path, capsys, monkeypatch,
+                                                             signum):
+    """Ctrl-C (or SIGTERM) while sst2 trains, after cola finished: one line, cola's results on disk,
+    no sst2 results, and glue_table shows cola and says the run stopped."""
+    real_predict, calls = finetune_glue.predict, []
+
+    def predict(model, loader, device, bf16):  # call 1: cola's dev set; call 2: sst2's, trained
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signum)
+        return real_predict(model, loader, device, bf16)
+
+    def not_handled(signum, frame):
+        raise AssertionError(f"{signal.Signals(signum).name} reached the test: finetune_glue did not handle it")
+
+    monkeypatch.setattr(finetune_glue, "predict", predict)
+    previous = signal.signal(signum, not_handled)  # a clean failure, not a killed or interrupted session
+    try:
+        out = tmp_path / "out"
+        assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 128 + signum
+    finally:
+        signal.signal(signum, previous)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == (f"finetune_glue: stopped by {signal.Signals(signum).name}; finished cola (results "
+                                    f"in {out / 'results.json'}); no results for sst2, rte")
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"cola", "average", "unfinished"} and results["unfinished"] == ["sst2", "rte"]
+    assert json.loads((out / "CoLA" / "results.json").read_text())["task"] == "cola"
+    assert not (out / "SST-2" / "results.json").exists() and not (out / "SST-2" / "dev_predictions.tsv").exists()
+    assert not (out / "RTE").exists()
+    assert glue_table.main([str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in table[1:-1]] == ["cola"] and table[-1] == "out: the run stopped before sst2, rte"
+
+
+def test_a_non_finite_loss_stops_without_results(pretrained, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), out, "--lr", "1e10",
+                    "--epochs", "2") == 3
+    line = _error_line(capsys)
+    assert "sst2 seed 0: the loss is nan at step" in line and "lower --lr" in line and "no results for sst2" in line
+    assert not (out / "results.json").exists() and not (out / "dev_predictions.tsv").exists()
+
+
+def test_fine_tune_log_line_says_each_metric_once(pretrained, glue_dir, tmp_path, capsys):
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), tmp_path / "out") == 0
+    entry = json.loads((tmp_path / "out" / "results.json").read_text())
+    lines = [line for line in capsys.readouterr().err.splitlines() if "sst2 seed 0:" in line]
+    assert len(lines) == 1 and f"sst2 seed 0: accuracy {entry['score']:.4f} in " in lines[0], lines
+    assert lines[0].count("accuracy") == 1
+
+
+def test_collapse_is_named_for_a_constant_predictor_not_for_a_working_one(pretrained, glue_dir, tmp_path, capsys):
+    """Trained on labels that are all "1", the model predicts "1" for every dev example: a warning
+    says so with its likely causes, results.json marks the run, the table stars its score. The
+    same model on learnable labels (400 examples) is not marked."""
+    sst2 = os.path.join(glue_dir, "SST-2")
+    one_label = tmp_path / "one_label"
+    one_label.mkdir()
+    (one_label / "dev.tsv").write_text(open(os.path.join(sst2, "dev.tsv")).read())
+    lines = open(os.path.join(sst2, "train.tsv")).read().splitlines()
+    (one_label / "train.tsv").write_text("\n".join([lines[0]] + [line.rsplit("\t", 1)[0] + "\t1" for line in lines[1:]]))
+    common = ["--lr", "1e-3", "--epochs", "4"]
+    assert finetune(pretrained["ckpt"], "sst2", one_label, tmp_path / "constant", *common) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "every prediction is" in line]
+    assert len(warnings) == 1 and "sst2 seed 0, dev.tsv: every prediction is '1'" in warnings[0], captured.err
+    assert "learning rate too low" in warnings[0] and "--lr 1e-4,3e-4,1e-3" in warnings[0] and "--epochs" in warnings[0]
+    entry = json.loads((tmp_path / "constant" / "results.json").read_text())
+    assert entry["collapsed"] == [True] and set(read_predictions(tmp_path / "constant" / "dev_predictions.tsv")) == {"1"}
+    table = captured.out.splitlines()
+    assert table[1].split()[2] == f"{100 * entry['score']:.1f}*" and table[2].startswith("* the run predicted one class")
+
+    learnable = write_glue_dir(str(tmp_path / "learnable"), pretrained["words"], n_train=400, n_dev=64)
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(learnable, "SST-2"), tmp_path / "working", "--lr", "1e-3",
+                    "--epochs", "3") == 0
+    captured = capsys.readouterr()
+    assert "every prediction is" not in captured.err and "*" not in captured.out
+    entry = json.loads((tmp_path / "working" / "results.json").read_text())
+    assert entry["collapsed"] == [False] and entry["score"] > entry["majority_baseline"] + 0.2, entry
+    assert len(set(read_predictions(tmp_path / "working" / "dev_predictions.tsv"))) == 2
+
+
+def test_collapse_of_regression_scores():
+    stsb = TASKS["stsb"]
+    gold = [0.5, 2.0, 4.25, 3.0]
+    assert collapse(stsb, [2.4, 2.4, 2.4, 2.4], gold).startswith("a near constant (2.400")
+    assert collapse(stsb, [2.401, 2.402, 2.4, 2.403], gold)  # std 0.001 against the labels' 1.3
+    assert collapse(stsb, [1.0, 2.1, 3.9, 2.7], gold) is None
+    assert collapse(TASKS["rte"], [1, 1, 1], [0, 1, 0]) == "'not_entailment'"
+    assert collapse(TASKS["rte"], [1, 0, 1], [0, 1, 0]) is None
+
+
+def test_lr_sweep_picks_by_held_out_training_examples_not_dev(pretrained, tmp_path, capsys):
+    """The dev labels are the training rule inverted: the learning rate that learns the rule scores
+    best on held-out training examples and worst on dev. The sweep picks it, so it never looked
+    at the dev set; it says which it picked and records the sweep."""
+    data = os.path.join(write_glue_dir(str(tmp_path / "glue"), pretrained["words"], n_train=400, n_dev=64), "SST-2")
+    lines = open(os.path.join(data, "dev.tsv")).read().splitlines()
+    with open(os.path.join(data, "dev.tsv"), "w") as f:
+        f.write("\n".join([lines[0]] + [f"{s}\t{1 - int(label)}" for s, label in (line.split("\t") for line in lines[1:])]))
+    assert finetune(pretrained["ckpt"], "sst2", data, tmp_path / "out", "--lr", "1e-6,1e-3", "--epochs", "4") == 0
+    entry = json.loads((tmp_path / "out" / "results.json").read_text())
+    sweep = entry["lr_sweep"]
+    assert sweep["picked"] == entry["settings"]["lr"] == 1e-3 and sweep["candidates"] == [1e-6, 1e-3]
+    assert sweep["held_out_examples"] == 100 and sweep["trained_on"] == 300
+    low, high = sweep["held_out_scores"]
+    assert high > 0.9 and high > low + 0.3, sweep
+    assert entry["score"] < 0.2  # on the inverted dev set: a pick by dev score would have taken 1e-6
+    err = capsys.readouterr().err
+    assert "sst2: picked --lr 0.001 (accuracy on 100 held-out training examples, trained on the other 300" in err, err
+    assert sorted(os.listdir(tmp_path / "out" / "runs" / "sst2" / "lr_sweep")) == ["lr0.001", "lr1e-06"]
+
+
+def _tree(folder):
+    """{relative path: bytes} of every file under folder."""
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(folder) for f in files}
+
+
+def test_probe_tasks_into_an_earlier_set(pretrained, tmp_path, capsys):
+    """An earlier probe set is refused without --overwrite, replaced whole (and named) with it, and
+    a run that fails leaves it as it was, never a mix of two sets."""
+    out = tmp_path / "probe"
+    small = ["--input", pretrained["corpus"], "--output_dir", str(out), "--train_size", "40", "--dev_size", "20"]
+    assert make_probe_tasks.main(small) == 0
+    earlier = _tree(out)
+    capsys.readouterr()
+    bigger = small[:4] + ["--train_size", "60", "--dev_size", "30"]
+    assert make_probe_tasks.main(bigger) == 2
+    line = _error_line(capsys)
+    assert f"--output_dir {out} is not empty (probe_order, probe_samedoc, probe_swap)" in line and "--overwrite" in line
+    assert _tree(out) == earlier
+
+    # a corpus with no two usable sentences in a row: probe_swap and probe_samedoc can be made, probe_order not
+    gappy = tmp_path / "gappy.txt"
+    gappy.write_text("\n\n".join("\n".join(f"word{d} long sentence number {i} of this document" if i % 2 else "too short"
+                                           for i in range(8)) for d in range(12)) + "\n")
+    assert make_probe_tasks.main(["--input", str(gappy), "--output_dir", str(out), "--overwrite"]) == 2
+    assert "too little text for probe_order" in _error_line(capsys)
+    assert _tree(out) == earlier and sorted(os.listdir(out)) == ["probe_order", "probe_samedoc", "probe_swap"]
+
+    (out / "notes.txt").write_text("mine")
+    assert make_probe_tasks.main(bigger + ["--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: replaced the earlier probe_swap (40 train, 20 dev); probe_samedoc (40 train, 20 dev)" in err, err
+    assert "left in place, not written by make_probe_tasks: notes.txt" in err
+    assert len(read_examples(str(out / "probe_order" / "train.tsv"), TASKS["probe_order"])) == 60
+    assert sorted(os.listdir(out)) == ["notes.txt", "probe_order", "probe_samedoc", "probe_swap"]

@@ -1,4 +1,5 @@
-"""Tracebacks turned into one error line: a 0-byte weights file (export and --use_pretrain), a
+"""Tracebacks turned into one error line: a 0-byte weights file (export and --use_pretrain, our
+checkpoints and Hugging Face exports), a
 garbage TensorBoard events file (plot_run), and an export into a folder that holds files
 already (refused without --overwrite, never overwritten silently)."""
 import json
@@ -31,12 +32,18 @@ def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
     assert "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)" in line
 
 
-@pytest.mark.parametrize("source", ["file", "checkpoint"])
+@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
 def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
     if source == "file":
         weights = tmp_path / "bert.pt"
         weights.write_bytes(b"")
         expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
+    elif source == "hf_export":  # an export whose model.safetensors was cut to 0 bytes
+        weights = tmp_path / "hf"
+        weights.mkdir()
+        (weights / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
+        (weights / "model.safetensors").write_bytes(b"")
+        expected = f"{weights / 'model.safetensors'}: not a complete safetensors file (0 bytes"
     else:
         weights = empty_checkpoint(tmp_path / "ckpt")
         expected = "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)"

@@ -1,7 +1,8 @@
 """Fine-tune a pretrained checkpoint on GLUE (or the offline probe suite) and report dev scores.
 
     python -m tools.finetune_glue --model PATH --task TASK --data_dir DIR --output_dir OUT \
-        [--seeds N] [--epochs E] [--lr LR] [--batch_size B] [--max_seq_length L] [--vocab_file V] [--bf16]
+        [--seeds N] [--epochs E] [--lr LR[,LR...]] [--batch_size B] [--max_seq_length L] [--vocab_file V] \
+        [--bf16] [--overwrite] [--log_level warning]
 
 PATH is one of:
 - a checkpoint folder of this project: OUT/saved_models/JOB (its `latest` checkpoint) or a tag
@@ -25,16 +26,32 @@ hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases
 LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
 gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
 runs (seeds 0..N-1; for an even N the lower median, so the score is always one run's).
+Small models need a higher learning rate than BERT-base's 4e-5: with several (`--lr
+1e-4,3e-4,1e-3`) each fine-tunes seed 0 on the training set less a held-out 10% and the best on
+that part is used for the real runs (the dev set is never looked at); results.json records the
+sweep. A run whose dev predictions are all one class (regression: a near constant) is named in
+a warning with its likely causes and marked `"collapsed"` in results.json.
 
 Output under OUT (for `all`, one subfolder per task, named like the task's folder):
 - results.json: {"task", "metric", "score" (the median), "scores" (one per seed), "seeds",
-  "metrics" (every metric, per seed), "majority_baseline", "model", ...}; for `all` one such
-  entry per task plus "average" (the mean of the task scores). Scores are fractions.
+  "metrics" (every metric, per seed), "collapsed" (per seed), "majority_baseline", "model",
+  "settings" (lr: the one used), "lr_sweep" (with several --lr), ...}; for `all` the same in
+  each task's subfolder, and in OUT one such entry per task plus "average" (the mean of the
+  task scores) and, while tasks remain (a run stopped early), "unfinished" (their names).
+  Scores are fractions. Each task's files are written, whole, as soon as the task finishes
+  (results.json last), so a stopped run leaves the finished tasks' results and nothing else.
 - dev_predictions.tsv: `index<TAB>prediction` per dev line of the median run, labels as the
   data writes them (MNLI also dev_mismatched_predictions.tsv);
-- runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics).
-Bad input (missing folder or file, unknown task, malformed TSV line, a checkpoint whose sizes
-do not fit) is one `error: ...` line and exit code 2, before any training.
+- runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics); runs/TASK/lr_sweep/lrLR
+  those of the sweep's runs.
+OUT must be empty or new: earlier results there are refused, or removed with --overwrite
+(files the tool did not write are left, with a warning), so one folder never mixes two runs.
+
+Exit codes: 2 for bad input (missing folder or file, unknown task, malformed TSV line or
+non-finite label, a checkpoint whose sizes do not fit, a non-empty OUT): one `error: ...` line
+before any training. 3 when a loss (or the final weights) is not finite: the run stops, and the
+task has no results. 128 + the signal on SIGINT (Ctrl-C) or SIGTERM: one line saying which
+tasks finished.
 """
 import argparse
 import dataclasses
@@ -42,9 +59,14 @@ import json
 import logging
 import math
 import os
+import random
+import shutil
+import signal
 import sys
+import threading
 import time
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -54,10 +76,10 @@ from tqdm import tqdm
 
 from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
 from tools.export_hf import ExportError, find_vocab_file
-from turing.checkpoint import resolve_checkpoint_tag_dir
-from turing.glue import (BertForSequenceClassification, GlueError, collate, compute_metrics,
-                         encode, find_task, label_string, majority_baseline, read_examples,
-                         results_table, task_score, tasks_in)
+from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
+from turing.glue import (TASKS, BertForSequenceClassification, GlueError, collapse, collate,
+                         compute_metrics, encode, find_task, label_string, majority_baseline,
+                         read_examples, results_table, task_score, tasks_in)
 from turing.hf_convert import is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
@@ -84,7 +106,10 @@ def build_parser():
     p.add_argument("--output_dir", required=True, help="where results.json, predictions and logs go")
     p.add_argument("--seeds", type=int, default=3, help="runs per task; the median is reported (default 3)")
     p.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
-    p.add_argument("--lr", type=float, default=4e-5, help="peak learning rate (default 4e-5)")
+    p.add_argument("--lr", default="4e-5",
+                   help="peak learning rate (default 4e-5), or several, comma-separated (1e-4,3e-4,1e-3): each is "
+                        "tried on the training set less a held-out 10%% of it, and the one that scores best on "
+                        "that held-out part is used (the dev set is never looked at)")
     p.add_argument("--batch_size", type=int, default=32, help="training batch size (default 32)")
     p.add_argument("--max_seq_length", type=int, default=128, help="tokens per example, [CLS]/[SEP] included")
     p.add_argument("--vocab_file", default=None, help="vocab.txt to use instead of the model's")
@@ -93,16 +118,37 @@ def build_parser():
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU); weights stay fp32")
     p.add_argument("--random_init", action="store_true",
                    help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove the results of an earlier run in --output_dir first (else a non-empty folder "
+                        "is refused)")
+    p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log lines shown on stderr (default info; warning keeps only warnings and errors)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
 
+def parse_lrs(text):
+    """--lr: one learning rate or a comma-separated list to sweep; each positive and finite."""
+    lrs = []
+    for part in str(text).split(","):
+        try:
+            lr = float(part)
+        except ValueError:
+            raise GlueError(f"--lr {text}: '{part}' is not a number") from None
+        if not (math.isfinite(lr) and lr > 0):
+            raise GlueError(f"--lr {part}: must be a positive finite number")
+        lrs.append(lr)
+    if len(set(lrs)) != len(lrs):
+        raise GlueError(f"--lr {text}: a learning rate is repeated")
+    return lrs
+
+
 def check_args(args):
+    """Flags and paths; turns --lr into the list of its learning rates."""
     for flag in ("seeds", "epochs", "batch_size"):
         if getattr(args, flag) < 1:
             raise GlueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
-    if not args.lr > 0:
-        raise GlueError(f"--lr {args.lr}: must be positive")
+    args.lr = parse_lrs(args.lr)
     if not os.path.exists(args.model):
         raise GlueError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
                         "a state dict file or a Hugging Face folder written by tools/export_hf.py")
@@ -110,6 +156,55 @@ def check_args(args):
         raise GlueError(f"--data_dir {args.data_dir}: folder not found")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise GlueError(f"--output_dir {args.output_dir}: exists and is not a folder")
+    present = sorted(os.listdir(args.output_dir)) if os.path.isdir(args.output_dir) else []
+    if present and not args.overwrite:
+        raise GlueError(f"--output_dir {args.output_dir} is not empty ({', '.join(present[:4])}"
+                        f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to "
+                        "remove the earlier results first")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping early: a signal, or a loss that is not finite
+
+
+class RunStopped(Exception):
+    """The run ends before its tasks are done; finished tasks' results are on disk already."""
+
+    exit_code = 1
+    finished, unfinished = (), ()  # task names, set once the tasks are known
+
+
+class Stopped(RunStopped):
+    def __init__(self, signum):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+class Diverged(RunStopped):
+    exit_code = 3
+
+
+class stop_on_signals:
+    """SIGINT (Ctrl-C) and SIGTERM raise `Stopped` in the main thread while the run is inside
+    this block, so both end the run the same way, with one line; the handlers are restored after.
+    (A local stand-in: the trainer has its own signal handling, which stops at a checkpoint.)"""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS}
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Stopped(signum)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,34 +331,43 @@ def predict(model, loader, device, bf16):
     return torch.cat(out).numpy()
 
 
-def run_seed(args, source, data, seed, device, writer):
-    """Fine-tune one model; returns {dev file: predictions}."""
+def run_seed(args, source, data, seed, lr, device, writer):
+    """Fine-tune one model at peak learning rate `lr`; returns {dev file: predictions}."""
     task = data.task
     regression = task.labels is None
     set_seeds(seed)
     model = build_model(source, task.num_labels, args.random_init).to(device)
     train_loader = _loader(data.train, args.batch_size, data.pad_id, regression, shuffle=True, seed=seed)
     total_steps = args.epochs * len(train_loader)
-    optimizer, scheduler = make_optimizer(model, args.lr, total_steps)
+    optimizer, scheduler = make_optimizer(model, lr, total_steps)
     bar = tqdm(total=total_steps, desc=f"{task.name} seed {seed}", unit="step", disable=None, leave=False)
     step = 0
-    for _ in range(args.epochs):
-        model.train()
-        for input_ids, input_mask, segment_ids, labels in train_loader:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
-            loss = model.loss(logits, labels.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            writer.add_scalar("Train/loss", loss.item(), step)
-            writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    bar.close()
+    try:
+        for _ in range(args.epochs):
+            model.train()
+            for input_ids, input_mask, segment_ids, labels in train_loader:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                    logits = model(input_ids.to(device), input_mask.to(device), segment_ids.to(device))
+                loss = model.loss(logits, labels.to(device))
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise Diverged(f"{task.name} seed {seed}: the loss is {value} at step {step + 1} of "
+                                   f"{total_steps} (lr {lr:g}): lower --lr")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                writer.add_scalar("Train/loss", value, step)
+                writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
+                bar.update()
+                bar.set_postfix(loss=f"{value:.4f}")
+    finally:
+        bar.close()
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise Diverged(f"{task.name} seed {seed}: the weights are not finite after the last step "
+                       f"(lr {lr:g}): lower --lr")
     return {name: predict(model, _loader(items, EVAL_BATCH_SIZE, data.pad_id, regression), device, args.bf16)
             for name, items in data.dev.items()}
 
@@ -272,52 +376,190 @@ def _stem(dev_file):
     return os.path.splitext(dev_file)[0]
 
 
+def metrics_text(task, score, metrics):
+    """`accuracy 0.8125`, or with several metrics (or dev files) `f1/accuracy 0.8 (f1 0.82, accuracy 0.78)`."""
+    others = {k: v for k, v in metrics.items() if task.metrics != (k,)}
+    extra = f" ({', '.join(f'{k} {v:.4f}' for k, v in others.items())})" if others else ""
+    return f"{task.metric_name} {score:.4f}{extra}"
+
+
+class SeedRun(NamedTuple):
+    score: float
+    seed: int
+    metrics: dict       # every metric of every dev file (the first file's unprefixed)
+    predictions: dict   # dev file -> predictions
+    collapsed: bool     # every prediction on the first dev file one class (see turing.glue.collapse)
+
+
+def score_predictions(task, predictions, gold, main_dev):
+    """(task score, {metric: value}) of one run's predictions on its dev files."""
+    metrics = {}
+    for name, preds in predictions.items():
+        prefix = "" if name == main_dev else _stem(name) + "_"
+        metrics.update({prefix + k: v for k, v in compute_metrics(task, preds, gold[name]).items()})
+    return task_score(task, metrics), metrics
+
+
+def warn_if_collapsed(task, what, predictions, labels, steps):
+    """A warning when `predictions` are all one class (or a constant); returns whether they are."""
+    collapsed = collapse(task, predictions, labels)
+    if collapsed:
+        logger.warning("%s: every prediction is %s, the majority-class score: the model learned nothing past the "
+                       "label frequencies. Likely causes: a learning rate too low for this model size (small models "
+                       "need a higher one than the default 4e-5; sweep it, e.g. --lr 1e-4,3e-4,1e-3) or too few "
+                       "steps (%d; raise --epochs)", what, collapsed, steps)
+    return collapsed is not None
+
+
 def run_task(args, source, data, out_dir, device):
-    """All seeds of one task; writes the median run's predictions; returns the results entry."""
+    """All seeds of one task (at the --lr picked by `sweep_lr` when several are given); writes
+    the median run's predictions; returns the results entry."""
     task = data.task
     main_dev = task.dev_files[0]
     gold = {name: [label for _, label in items] for name, items in data.dev.items()}
+    steps = args.epochs * math.ceil(len(data.train) / args.batch_size)
+    lr, sweep = sweep_lr(args, source, data, out_dir, device) if len(args.lr) > 1 else (args.lr[0], None)
     runs = []
     for seed in range(args.seeds):
         started = time.time()
         with SummaryWriter(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
-            predictions = run_seed(args, source, data, seed, device, writer)
-            metrics = {}
-            for name, preds in predictions.items():
-                prefix = "" if name == main_dev else _stem(name) + "_"
-                metrics.update({prefix + k: v for k, v in compute_metrics(task, preds, gold[name]).items()})
-            score = task_score(task, metrics)
+            predictions = run_seed(args, source, data, seed, lr, device, writer)
+            score, metrics = score_predictions(task, predictions, gold, main_dev)
             for key, value in metrics.items():
                 writer.add_scalar(f"Dev/{key}", value, 0)
-        logger.info("%s seed %d: %s %.4f (%s) in %.0f s", task.name, seed, task.metric_name, score,
-                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), time.time() - started)
-        runs.append((score, seed, metrics, predictions))
-    scores = [r[0] for r in runs]
-    median = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the lower median: one run's
+        logger.info("%s seed %d: %s in %.0f s", task.name, seed, metrics_text(task, score, metrics),
+                    time.time() - started)
+        collapsed = warn_if_collapsed(task, f"{task.name} seed {seed}, {main_dev}", predictions[main_dev],
+                                      gold[main_dev], steps)
+        runs.append(SeedRun(score, seed, metrics, predictions, collapsed))
+    median = sorted(runs, key=lambda r: r.score)[(len(runs) - 1) // 2]  # the lower median: one run's
     os.makedirs(out_dir, exist_ok=True)
-    for name, preds in median[3].items():
+    for name, preds in median.predictions.items():
         filename = "dev_predictions.tsv" if name == main_dev else f"{_stem(name)}_predictions.tsv"
-        with open(os.path.join(out_dir, filename), "w", encoding="utf-8") as f:
-            f.write("index\tprediction\n")
-            f.writelines(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds))
-    return {
-        "task": task.name, "metric": task.metric_name, "score": median[0], "scores": scores,
-        "seeds": [r[1] for r in runs], "median_seed": median[1], "metrics": [r[2] for r in runs],
+        write_atomic(os.path.join(out_dir, filename),
+                     "index\tprediction\n" + "".join(f"{i}\t{label_string(task, p)}\n" for i, p in enumerate(preds)))
+    entry = {
+        "task": task.name, "metric": task.metric_name, "score": median.score, "scores": [r.score for r in runs],
+        "seeds": [r.seed for r in runs], "median_seed": median.seed, "metrics": [r.metrics for r in runs],
+        "collapsed": [r.collapsed for r in runs],
         "majority_baseline": majority_baseline(task, [label for _, label in data.train], gold[main_dev]),
         "model": os.path.abspath(args.model) + (" (random init)" if args.random_init else ""),
         "train_examples": len(data.train), "dev_examples": len(data.dev[main_dev]),
-        "settings": {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
+        "settings": {"epochs": args.epochs, "lr": lr, "batch_size": args.batch_size,
                      "max_seq_length": args.max_seq_length, "bf16": args.bf16, "device": device.type},
     }
+    return {**entry, "lr_sweep": sweep} if sweep else entry
+
+
+# ---------------------------------------------------------------------------------------------
+# The --lr sweep
+
+SWEEP_HELD_OUT = 0.1  # share of the training set the sweep scores on (at least min(100, n // 4) examples)
+SWEEP_SEED = 0
+
+
+def held_out_split(items, seed=SWEEP_SEED):
+    """(the rest, the held-out part) of the training examples, a seeded SWEEP_HELD_OUT of them."""
+    n = len(items)
+    k = max(round(SWEEP_HELD_OUT * n), min(100, n // 4))
+    if k < 1 or k >= n:
+        raise GlueError(f"--lr with several values: {n} training examples are too few to hold some out")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [items[i] for i in sorted(order[k:])], [items[i] for i in sorted(order[:k])]
+
+
+def sweep_lr(args, source, data, out_dir, device):
+    """(the --lr to use, a record of the sweep): each candidate fine-tunes seed SWEEP_SEED on the
+    training set less a held-out part, and is scored on that part; the best score wins (a run
+    that collapsed loses a tie; then the first listed). The dev set is not used."""
+    task = data.task
+    train, held_out = held_out_split(data.train)
+    trial = dataclasses.replace(data, train=train, dev={"held_out": held_out})
+    gold = {"held_out": [label for _, label in held_out]}
+    scores, collapsed = {}, {}
+    for lr in args.lr:
+        with SummaryWriter(os.path.join(out_dir, "runs", task.name, "lr_sweep", f"lr{lr:g}")) as writer:
+            try:
+                predictions = run_seed(args, source, trial, SWEEP_SEED, lr, device, writer)
+            except Diverged as e:
+                logger.warning("%s: --lr %g left out of the sweep: %s", task.name, lr, e)
+                continue
+        scores[lr], _ = score_predictions(task, predictions, gold, "held_out")
+        collapsed[lr] = collapse(task, predictions["held_out"], gold["held_out"]) is not None
+        logger.info("%s --lr %g: %s %.4f on %d held-out training examples%s", task.name, lr, task.metric_name,
+                    scores[lr], len(held_out), " (collapsed: one class for all)" if collapsed[lr] else "")
+    if not scores:
+        raise Diverged(f"{task.name}: every --lr of the sweep gave a non-finite loss: lower them")
+    picked = max(scores, key=lambda lr: (scores[lr], not collapsed[lr]))
+    logger.info("%s: picked --lr %g (%s on %d held-out training examples, trained on the other %d; %s)", task.name,
+                picked, task.metric_name, len(held_out), len(train),
+                ", ".join(f"{lr:g}: {scores[lr]:.4f}" if lr in scores else f"{lr:g}: diverged" for lr in args.lr))
+    return picked, {"picked": picked, "candidates": args.lr, "held_out_examples": len(held_out),
+                    "trained_on": len(train), "seed": SWEEP_SEED,
+                    "held_out_scores": [scores.get(lr) for lr in args.lr],
+                    "collapsed": [collapsed.get(lr) for lr in args.lr]}
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 
 
+def _is_output(name, path):
+    """Whether a file or folder in --output_dir is one finetune_glue writes (or a temporary of one)."""
+    base = name.split(".tmp")[0]
+    if os.path.isdir(path):
+        return name == "runs"
+    return base == "results.json" or base.endswith("_predictions.tsv")
+
+
+def clear_output_dir(output_dir):
+    """--overwrite, once every input is checked: remove the earlier output in --output_dir
+    (results, predictions and TensorBoard runs, also in the task subfolders of `--task all`);
+    files finetune_glue did not write are left in place, with a warning. (check_args refuses a
+    non-empty folder without --overwrite.)"""
+    if not os.path.isdir(output_dir):
+        return
+    task_folders = {t.folder.lower() for t in TASKS.values()} | set(TASKS)
+    removed, kept = [], []
+
+    def clear(folder, prefix):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if _is_output(name, path):
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                removed.append(prefix + name)
+            elif not prefix and name.lower() in task_folders and os.path.isdir(path) and not os.path.islink(path):
+                clear(path, name + "/")
+                if not os.listdir(path):
+                    os.rmdir(path)
+            else:
+                kept.append(prefix + name)
+
+    clear(output_dir, "")
+    if removed:
+        logger.warning("--overwrite: removed the earlier results in %s: %s", output_dir, ", ".join(removed))
+    if kept:
+        logger.warning("%s: left in place, not written by finetune_glue: %s", output_dir, ", ".join(kept))
+
+
+def write_results(path, document):
+    """results.json, whole or not at all; strict JSON (a NaN is a bug, never written)."""
+    write_atomic(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def summary(results, pending):
+    """The results.json of `--task all`: the finished tasks, their average, the tasks left."""
+    document = {**results, "average": float(np.mean([r["score"] for r in results.values()])) if results else None}
+    if pending:
+        document["unfinished"] = pending
+    return document
+
+
 def finetune(args):
     check_args(args)
-    if args.task.lower() == "all":
+    all_tasks = args.task.lower() == "all"
+    if all_tasks:
         tasks = [(task, folder, os.path.join(args.output_dir, task.folder)) for task, folder in tasks_in(args.data_dir)]
     else:
         tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
@@ -328,29 +570,54 @@ def finetune(args):
     tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
     # Every file and the weights are read and checked before the first task trains.
     data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
+    if len(args.lr) > 1:
+        for d, _ in data:
+            held_out_split(d.train)  # enough examples to hold some out
     if not args.random_init:
         build_model(source, 2, False)
+    clear_output_dir(args.output_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %g, batch %d, max_seq_length %d%s",
+    logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %s, batch %d, max_seq_length %d%s",
                 args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
-                device.type, args.seeds, args.epochs, args.lr, args.batch_size, args.max_seq_length,
+                device.type, args.seeds, args.epochs, " or ".join(f"{lr:g}" for lr in args.lr), args.batch_size,
+                args.max_seq_length,
                 ", bf16" if args.bf16 else "")
-    results = {d.task.name: run_task(args, source, d, out, device) for d, out in data}
-    os.makedirs(args.output_dir, exist_ok=True)
-    if len(tasks) == 1 and args.task.lower() != "all":
-        document = next(iter(results.values()))
-    else:
-        document = {**results, "average": float(np.mean([r["score"] for r in results.values()]))}
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=2)
+    results = {}
+    try:
+        for i, (d, out) in enumerate(data):
+            entry = run_task(args, source, d, out, device)
+            # The task's files are complete on disk before the next task starts.
+            write_results(os.path.join(out, "results.json"), entry)
+            results[d.task.name] = entry
+            if all_tasks:
+                write_results(os.path.join(args.output_dir, "results.json"),
+                              summary(results, [t.task.name for t, _ in data[i + 1:]]))
+    except RunStopped as e:
+        e.finished, e.unfinished = list(results), [d.task.name for d, _ in data if d.task.name not in results]
+        raise
     return results
+
+
+def stop_line(e, output_dir):
+    """The one line of a stopped run: why, which tasks have results, which do not."""
+    done = (f"finished {', '.join(e.finished)} (results in {os.path.join(output_dir, 'results.json')})"
+            if e.finished else "no task finished")
+    return f"{e}; {done}" + (f"; no results for {', '.join(e.unfinished)}" if e.unfinished else "")
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     try:
-        results = finetune(args)
+        with stop_on_signals():
+            results = finetune(args)
+    except Stopped as e:
+        print(f"finetune_glue: {stop_line(e, args.output_dir)}", file=sys.stderr)
+        return e.exit_code
+    except Diverged as e:
+        print(f"error: {stop_line(e, args.output_dir)}", file=sys.stderr)
+        return e.exit_code
     except (ValueError, OSError, InputError) as e:  # GlueError, ConversionError, ... are ValueErrors
         if args.debug:
             raise

@@ -1,7 +1,7 @@
 """An offline probe suite in the GLUE layout, made from any plain-text corpus.
 
     python -m tools.make_probe_tasks --input CORPUS --output_dir DIR [--seed 0] \
-        [--train_size 2000] [--dev_size 500] [--dev_fraction 0.2]
+        [--train_size 2000] [--dev_size 500] [--dev_fraction 0.2] [--overwrite]
 
 CORPUS: one sentence per line, a blank line between documents (the format of
 tools/prepare_data.py; the demo corpus of tools/make_demo_corpus.py is one). DIR gets three
@@ -22,12 +22,19 @@ capital letter or full stop gives a swap away. Labels are balanced in every file
 Documents are split between train and dev (a seeded --dev_fraction of them go to dev), and a
 dev sentence that also occurs in a training document is left out, so no dev sentence is seen
 in training. The output is a function of the corpus and --seed.
+
+DIR must be empty or new; with --overwrite the three task folders in it are replaced (and named
+in a warning), other files are left. Every example is made before anything is written, and the
+new folders are written beside the old ones and renamed into place, so a run that fails leaves
+DIR as it was, never a mix of two probe sets.
 """
 import argparse
 import logging
 import os
 import random
+import shutil
 import sys
+import tempfile
 
 from tools.prepare_data import DocumentReader, list_input_files
 from turing.glue import PROBE_LABELS, TASKS
@@ -37,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 class ProbeError(ValueError):
     """Bad input to the probe builder; the message names the flag or file."""
+
+
+STAGING_PREFIX = ".make_probe_tasks."  # the folder new tasks are written in before they are renamed into place
 
 
 def build_parser():
@@ -50,6 +60,9 @@ def build_parser():
     p.add_argument("--dev_fraction", type=float, default=0.2, help="share of the documents that go to dev")
     p.add_argument("--min_words", type=int, default=6, help="shortest sentence used, in words")
     p.add_argument("--max_words", type=int, default=40, help="longest sentence used, in words")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the probe tasks of an earlier run in --output_dir (else a non-empty folder is "
+                        "refused)")
     return p
 
 
@@ -151,8 +164,57 @@ def write_task(folder, name, split, examples):
     return path
 
 
+def check_output_dir(output_dir, overwrite):
+    """What --output_dir holds already; refused unless it is empty, or --overwrite."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ProbeError(f"--output_dir {output_dir}: exists and is not a folder")
+    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    if present and not overwrite:
+        raise ProbeError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
+                         f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to replace "
+                         "the probe tasks in it")
+    return present
+
+
+def _examples_in(folder):
+    """'N train, M dev' of an earlier task folder (its lines less the header)."""
+    counts = []
+    for split in ("train", "dev"):
+        path = os.path.join(folder, f"{split}.tsv")
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                counts.append(f"{max(0, sum(1 for _ in f) - 1)} {split}")
+    return ", ".join(counts) or "no train.tsv or dev.tsv"
+
+
+def install_tasks(output_dir, tasks):
+    """Write {name: {split: examples}} as task folders under output_dir: into a staging folder
+    beside them first, then each renamed into place (an earlier folder of the name is replaced)."""
+    os.makedirs(output_dir, exist_ok=True)
+    for name in os.listdir(output_dir):  # the staging folder of a run that was killed
+        if name.startswith(STAGING_PREFIX):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir)
+    try:
+        for name, splits in tasks.items():
+            os.makedirs(os.path.join(staging, "new", name))
+            for split, examples in splits.items():
+                write_task(os.path.join(staging, "new", name), name, split, examples)
+        os.makedirs(os.path.join(staging, "old"))
+        replaced = []
+        for name in tasks:
+            final = os.path.join(output_dir, TASKS[name].folder)
+            if os.path.lexists(final):
+                replaced.append(f"{name} ({_examples_in(final)})")
+                os.replace(final, os.path.join(staging, "old", name))
+            os.replace(os.path.join(staging, "new", name), final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return replaced
+
+
 def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=500, dev_fraction=0.2,
-                     min_words=6, max_words=40):
+                     min_words=6, max_words=40, overwrite=False):
     """Write the three probe tasks; returns {task: {"train": n, "dev": n}}."""
     if not 0 < dev_fraction < 1:
         raise ProbeError(f"--dev_fraction {dev_fraction}: must be between 0 and 1")
@@ -160,6 +222,7 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
         raise ProbeError("--train_size and --dev_size must be at least 2")
     if min_words < 3 or max_words < min_words:
         raise ProbeError(f"--min_words {min_words} / --max_words {max_words}: need 3 <= min_words <= max_words")
+    present = check_output_dir(output_dir, overwrite)
     files = list_input_files([input_path])
     # Whitespace runs (tabs too) become one space: no tab or line break inside a TSV field.
     docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files)]
@@ -180,31 +243,35 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
 
     splits = {"train": ([usable(d) for d in train_docs], train_size),
               "dev": ([usable(d, seen) for d in dev_docs], dev_size)}
-    counts = {}
+    tasks = {}
     for name, make in PROBES.items():
-        folder = os.path.join(output_dir, TASKS[name].folder)
-        os.makedirs(folder, exist_ok=True)
-        counts[name] = {}
+        tasks[name] = {}
         for split, (split_docs, size) in splits.items():
             # One generator per task and split (str seeds hash deterministically).
             examples = make(split_docs, size, random.Random(f"{seed}/{name}/{split}"))
             if not examples:
                 raise ProbeError(f"--input {input_path}: too little text for {name} ({split}); use a bigger corpus "
                                  f"or lower --min_words")
-            write_task(folder, name, split, examples)
-            counts[name][split] = len(examples)
+            tasks[name][split] = examples
             if len(examples) < size - 1:
                 logger.warning("%s %s: %d examples (asked for %d); the corpus has no more", name, split,
                                len(examples), size)
-    return counts
+    replaced = install_tasks(output_dir, tasks)
+    if replaced:
+        logger.warning("--overwrite: replaced the earlier %s in %s", "; ".join(replaced), output_dir)
+    kept = [name for name in present if name not in {TASKS[t].folder for t in tasks}
+            and not name.startswith(STAGING_PREFIX)]
+    if kept:
+        logger.warning("%s: left in place, not written by make_probe_tasks: %s", output_dir, ", ".join(kept))
+    return {name: {split: len(examples) for split, examples in splits_.items()} for name, splits_ in tasks.items()}
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         counts = make_probe_tasks(args.input, args.output_dir, args.seed, args.train_size, args.dev_size,
-                                  args.dev_fraction, args.min_words, args.max_words)
+                                  args.dev_fraction, args.min_words, args.max_words, args.overwrite)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

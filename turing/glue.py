@@ -10,16 +10,19 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
 - `encode(...)` / `collate(...)`: `[CLS] A [SEP] (B [SEP])` ids truncated like the original's
   `_truncate_seq_pair`, padded per batch;
 - `compute_metrics` / `task_score` / `majority_baseline`: the official metrics through
-  scikit-learn and scipy;
+  scikit-learn and scipy; `collapse`: whether a run's predictions are all one class;
 - `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
   classification (or, with one output, regression) head; the original BingBertGlue model's
   module tree, so its state-dict keys are `bert.*` and `classifier.*`;
-- `load_results` / `results_table`: results.json files and the text table of one or more runs.
+- `load_run` / `load_results` / `results_table`: results.json files (checked) and the text table
+  of one or more runs.
 
 Scores are fractions (accuracy 0.84, not 84); tables print them x100.
 """
+import codecs
 import dataclasses
 import logging
+import math
 import os
 from typing import NamedTuple, Optional
 
@@ -94,9 +97,26 @@ def find_task(name):
 
 
 def tasks_in(data_dir):
-    """(task, folder path) for every task folder under `data_dir` named as in the GLUE download."""
-    found = [(t, os.path.join(data_dir, t.folder)) for t in TASKS.values()
-             if os.path.isdir(os.path.join(data_dir, t.folder))]
+    """(task, folder path) for every task folder under `data_dir` named as in the GLUE download,
+    in any case (`cola` is CoLA). Two folders for one task are refused; a folder holding a
+    train.tsv whose name is no task's is named in a warning, not skipped silently."""
+    by_task, others = {}, []
+    for entry in sorted(os.listdir(data_dir)):
+        if not os.path.isdir(os.path.join(data_dir, entry)):
+            continue
+        task = next((t for t in TASKS.values() if entry.lower() in (t.folder.lower(), t.name)), None)
+        if task is not None:
+            by_task.setdefault(task.name, []).append(entry)
+        elif os.path.isfile(os.path.join(data_dir, entry, "train.tsv")):
+            others.append(entry)
+    for name, entries in by_task.items():
+        if len(entries) > 1:
+            raise GlueError(f"--data_dir {data_dir}: {len(entries)} folders for {name} ({', '.join(entries)}); "
+                            "keep one")
+    if others:
+        logger.warning("--data_dir %s: skipping %s: not a task name (expected %s, any case)", data_dir,
+                       ", ".join(others), ", ".join(t.folder for t in TASKS.values()))
+    found = [(t, os.path.join(data_dir, by_task[t.name][0])) for t in TASKS.values() if t.name in by_task]
     if not found:
         raise GlueError(f"--data_dir {data_dir}: no task folder found; expected some of "
                         f"{', '.join(t.folder for t in TASKS.values())}")
@@ -113,12 +133,41 @@ class Example(NamedTuple):
     label: object  # class index, or float for regression
 
 
+def _quote(text, limit=40):
+    """`text` for an error line: at most `limit` characters, control characters escaped."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return repr(text)[1:-1]
+
+
 def _column(header, column, path):
     if isinstance(column, int):
         return column
     if column not in header:
-        raise GlueError(f"{path}:1: header has no column '{column}' (columns: {', '.join(header)})")
+        shown = ", ".join(_quote(c) for c in header[:8]) + (f", ... ({len(header)} in all)" if len(header) > 8 else "")
+        raise GlueError(f"{path}:1: header has no column '{column}' (columns: {shown})")
     return header.index(column)
+
+
+def _read_lines(path):
+    """The file's lines (\n or \r\n endings), decoded as UTF-8; a byte that is not UTF-8 is an
+    error naming its line, a file whose lines end in CR only one saying so."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(codecs.BOM_UTF8):  # MRPC's files start with a byte-order mark
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise GlueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {column} of the line); "
+                        "GLUE files are UTF-8") from None
+    if "\n" not in text and "\r" in text.rstrip("\r"):
+        raise GlueError(f"{path}: lines end in a carriage return only (CR); expected \\n or \\r\\n line endings")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def read_examples(path, task):
@@ -126,11 +175,7 @@ def read_examples(path, task):
     GLUE's files need); every line must have the header's field count."""
     if not os.path.isfile(path):
         raise GlueError(f"{path}: {task.name} data file not found")
-    # utf-8-sig: MRPC's files start with a byte-order mark.
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = _read_lines(path)
     header = lines[0].rstrip("\r").split("\t") if task.header and lines else None
     first = 2 if task.header else 1
     if header is not None:
@@ -150,11 +195,13 @@ def read_examples(path, task):
             try:
                 label = float(raw)
             except ValueError:
-                raise GlueError(f"{path}:{number}: label '{raw}' is not a number") from None
+                raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a number") from None
+            if not math.isfinite(label):
+                raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a finite number")
         elif raw in task.labels:
             label = task.labels.index(raw)
         else:
-            raise GlueError(f"{path}:{number}: label '{raw}' is not one of {', '.join(task.labels)}")
+            raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not one of {', '.join(task.labels)}")
         texts = [parts[c] for c in columns]
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
     if not examples:
@@ -241,6 +288,21 @@ def compute_metrics(task, predictions, labels):
     return out
 
 
+def collapse(task, predictions, labels):
+    """What a run's predictions collapsed to, or None: one class for every example, or (regression)
+    scores that barely vary (a spread under 1% of the gold scores'), i.e. a model that learned
+    nothing past the label frequencies (or the mean score)."""
+    predictions = np.asarray(predictions)
+    if task.labels is None:
+        spread, scale = float(np.std(predictions)), float(np.std(labels))
+        if np.ptp(predictions) == 0 or spread < 0.01 * scale:
+            return (f"a near constant ({float(np.mean(predictions)):.3f}, std {spread:.2g} against the labels' "
+                    f"{scale:.2g})")
+        return None
+    classes = np.unique(predictions)
+    return f"'{task.labels[int(classes[0])]}'" if len(classes) == 1 else None
+
+
 def task_score(task, metrics):
     """The task's one number: the mean of its official metrics."""
     return float(np.mean([metrics[m] for m in task.metrics]))
@@ -295,14 +357,49 @@ class BertForSequenceClassification(nn.Module):
 # Results
 
 
-def load_results(path):
-    """{task: entry} of a results.json written by tools/finetune_glue.py (or its folder)."""
+# Keys of a `--task all` results.json that are not tasks: the mean score of the finished tasks,
+# and the tasks a stopped run did not reach (absent once every task has finished).
+SUMMARY_KEYS = ("average", "unfinished")
+ENTRY_KEYS = {"metric": str, "score": (int, float), "scores": list, "majority_baseline": (int, float)}
+
+
+def _check_entry(entry, task, path):
+    if not isinstance(entry, dict):
+        raise GlueError(f"{path}: the entry of {task} is not an object (a results.json of tools/finetune_glue.py "
+                        "holds one per task)")
+    for key, kind in ENTRY_KEYS.items():
+        if key not in entry:
+            raise GlueError(f"{path}: the entry of {task} has no '{key}'; not a results.json of "
+                            "tools/finetune_glue.py")
+        if not isinstance(entry[key], kind) or isinstance(entry[key], bool):
+            raise GlueError(f"{path}: '{key}' of {task} is a {type(entry[key]).__name__}, not a "
+                            f"{kind.__name__ if isinstance(kind, type) else 'number'}")
+    if not entry["scores"] or not all(isinstance(v, (int, float)) for v in entry["scores"]):
+        raise GlueError(f"{path}: 'scores' of {task} is not a list of numbers")
+    return entry
+
+
+def load_run(path):
+    """({task: entry}, [unfinished task names]) of a results.json written by
+    tools/finetune_glue.py (or its folder); anything else is a GlueError naming the file."""
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
     results = read_json(path, "results file", GlueError)
+    if not isinstance(results, dict):
+        raise GlueError(f"{path}: a JSON {type(results).__name__}, not a results.json of tools/finetune_glue.py "
+                        "(an object: one task's entry, or one entry per task)")
     if "task" in results:  # one task
-        return {results["task"]: results}
-    return {k: v for k, v in results.items() if k != "average"}
+        return {str(results["task"]): _check_entry(results, results["task"], path)}, []
+    entries = {k: _check_entry(v, k, path) for k, v in results.items() if k not in SUMMARY_KEYS}
+    if not entries:
+        raise GlueError(f"{path}: no task results in it")
+    unfinished = results.get("unfinished") or []
+    return entries, [str(t) for t in unfinished] if isinstance(unfinished, list) else []
+
+
+def load_results(path):
+    """{task: entry} of a results.json written by tools/finetune_glue.py (or its folder)."""
+    return load_run(path)[0]
 
 
 def average_score(run):
@@ -310,9 +407,22 @@ def average_score(run):
     return float(np.mean([entry["score"] for entry in run.values()]))
 
 
+def median_collapsed(entry):
+    """Whether the run a results entry reports (its median seed) collapsed (see `collapse`)."""
+    collapsed, seeds = entry.get("collapsed"), entry.get("seeds")
+    if not isinstance(collapsed, list) or not isinstance(seeds, list) or entry.get("median_seed") not in seeds:
+        return False
+    index = seeds.index(entry["median_seed"])
+    return index < len(collapsed) and collapsed[index] is True
+
+
+COLLAPSE_NOTE = ("* the run predicted one class for every dev example (or a constant score): it learned nothing "
+                 "past the label frequencies (a learning rate too low for the model size, or too few steps)")
+
+
 def _cell(entry):
     scores = entry["scores"]
-    text = f"{100 * entry['score']:.1f}"
+    text = f"{100 * entry['score']:.1f}" + ("*" if median_collapsed(entry) else "")
     if len(scores) > 1:
         text += f" [{100 * min(scores):.1f}, {100 * max(scores):.1f}]"
     return text
@@ -322,7 +432,8 @@ def results_table(runs):
     """Text table, one row per task (+ the average of several), one column per run.
 
     runs: {column name: {task name: results entry}}. A cell is the median score x100 and, for
-    several seeds, [min, max] over them; the last column is the majority-class baseline.
+    several seeds, [min, max] over them, and a `*` when the reported run collapsed (a note
+    under the table says what that means); the last column is the majority-class baseline.
     """
     first = {}  # task -> its entry in the first run that has it (metric, baseline)
     for run in runs.values():
@@ -336,5 +447,8 @@ def results_table(runs):
         rows.append(["average", "", *(f"{100 * average_score(run):.1f}" for run in runs.values()),
                      f"{100 * np.mean([e['majority_baseline'] for e in first.values()]):.1f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    if any(median_collapsed(entry) for run in runs.values() for entry in run.values()):
+        lines.append(COLLAPSE_NOTE)
+    return "\n".join(lines)

@@ -291,18 +291,29 @@ def load_hf_folder(folder):
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            files = [os.path.join(folder, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
+        try:
+            with open(index, encoding="utf-8") as f:
+                files = [os.path.join(folder, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConversionError(f"{index}: not a safetensors index (a JSON object with a 'weight_map'; "
+                                  f"{type(e).__name__}: {e})") from None
     else:
         raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
                                       "expected a folder written by tools/export_hf.py")
-    try:
-        from safetensors.torch import load_file  # optional: only for reading Hugging Face folders
+    try:  # optional: only for reading Hugging Face folders
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
     except ImportError as e:
         raise ConversionError(f"{folder}: reading safetensors needs the 'safetensors' package ({e})") from None
     hf_state = {}
     for path in files:
-        hf_state.update(load_file(path))
+        if not os.path.isfile(path):
+            raise ConversionError(f"{path}: not found (named by {os.path.basename(index)})")
+        try:
+            hf_state.update(load_file(path))
+        except SafetensorError as e:  # a truncated, empty or damaged file
+            raise ConversionError(f"{path}: not a complete safetensors file ({os.path.getsize(path)} bytes: {e}); "
+                                  "export it again") from None
     try:
         return hf_to_ours(hf_state, folder)
     except ConversionError as e:
