@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -185,3 +187,40 @@ def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_c
     assert "error: stopped by SIGTERM; nothing was written" in err and "Traceback" not in err, err
     assert_only_finished_chunks_left(out)
     assert running == []
+
+
+def test_a_stop_during_vocab_training_is_answered_at_once(tmp_path, monkeypatch):
+    """The WordPiece trainer is one call into Rust (6.6 s on 40 MB), during which Python runs no
+    signal handler: it runs on a thread, and the stop is answered while it trains."""
+    def slow_train_vocab(*args):
+        time.sleep(8)
+        return 0
+
+    monkeypatch.setattr(prepare_data, "train_vocab", slow_train_vocab)
+    corpus = make_corpus(tmp_path / "corpus.txt", documents=20)
+    sources = prepare_data.corpora.find_sources([str(corpus)])
+    journal = SimpleNamespace(vocab=str(tmp_path / "vocab.txt"), tmp=str(tmp_path))
+    args = SimpleNamespace(vocab_sample_mb=100, chunk_size_mb=1, seed=0, workers=1, build_vocab=100, do_lower_case=True)
+    signals = prepare_data.StopSignals()
+    threading.Timer(0.3, lambda: setattr(signals, "received", signal.SIGTERM)).start()
+    started = time.time()
+    with pytest.raises(prepare_data.StopRequested):
+        prepare_data.build_vocab(args, sources, prepare_data.corpora.ReadOptions(), journal, signals)
+    assert time.time() - started < 3 and not os.path.exists(journal.vocab)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+def test_a_fifo_is_not_read(vocab, tmp_path, capsys, caplog):
+    """A FIFO would block open() for ever: one among the input files is skipped with a warning,
+    one given as --input is one error line."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    make_corpus(folder / "corpus.txt", documents=40)
+    os.mkfifo(folder / "pipe.txt")
+    out = tmp_path / "out"
+    argv = ["--input", folder, "--output_dir", out, "--vocab_file", vocab, "--max_seq_length", 64]
+    assert prepare_data.main([str(a) for a in argv]) == 0
+    assert "skipping 1 entries that are not regular files" in caplog.text
+    line = error_of(capsys, ["--input", folder / "pipe.txt", "--output_dir", tmp_path / "out2", "--vocab_file", vocab,
+                             "--max_seq_length", 64])
+    assert "pipe.txt: not a regular file or folder (a FIFO" in line

@@ -30,11 +30,14 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import lzma
 import os
 import re
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 LAYOUTS = ("text", "text_docs", "mediawiki", "wikiextractor", "jsonl", "parquet", "hf")
 COMPRESSED = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd"}
@@ -163,6 +166,9 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
                 wanted = "input files" if input_format not in (None, "text") else ".txt files"
                 raise CorpusError(f"--input {path}: folder holds no {wanted}")
             sources.extend(found)
+        elif os.path.exists(path):
+            raise CorpusError(f"--input {path}: not a regular file or folder (a FIFO, socket or device, which reading "
+                              f"could wait on for ever); give files or folders")
         else:
             looks_like_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path) and not os.path.splitext(path)[1]
             hint = " (a Hugging Face dataset name needs --input_format hf)" if looks_like_name else ""
@@ -177,6 +183,11 @@ def _folder_sources(path, input_format, skip):
     files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
     if skip:
         files = [f for f in files if not os.path.realpath(f).startswith(skip)]
+    irregular = [f for f in files if not os.path.isfile(f)]
+    if irregular:  # a FIFO would block the reader for ever; a dangling link has nothing to read
+        logger.warning("--input %s: skipping %d entries that are not regular files (FIFOs, sockets, dangling links): %s",
+                       path, len(irregular), ", ".join(irregular[:3]))
+        files = [f for f in files if os.path.isfile(f)]
     sources = []
     for f in files:
         name = os.path.basename(f)

@@ -249,7 +249,7 @@ def model_source(path, vocab_file=None, config_file=None):
         config = _bert_config(cf_config or job_config, source)
         if vocab_file is None:
             try:
-                vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file)
+                vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, folder)
             except ExportError as e:
                 raise GlueError(f"{path}: {e}, or --vocab_file") from None
         do_lower_case = bool((run_args or {}).get("do_lower_case", True))

@@ -77,6 +77,7 @@ import resource
 import shutil
 import signal
 import sys
+import threading
 import time
 import unicodedata
 import zlib
@@ -1470,7 +1471,7 @@ def prepare(args, signals=None):
     try:
         chunk_bytes = int(args.chunk_size_mb * 2**20)
         options = read_options(args)
-        vocab_file = build_vocab(args, sources, options, journal) if args.build_vocab is not None else args.vocab_file
+        vocab_file = build_vocab(args, sources, options, journal, signals) if args.build_vocab is not None else args.vocab_file
         vocab, special = check_vocab(vocab_file, args.format, args.bing_layout)
         # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line);
         # random replacement ids span every line, as the model's rows do (vocab_size).
@@ -1552,10 +1553,12 @@ def prepare(args, signals=None):
                            kept, journal.folder)
 
 
-def build_vocab(args, sources, options, journal):
+def build_vocab(args, sources, options, journal, signals):
     """Train the --build_vocab vocab (or reuse the one an unfinished run of this command trained):
     on the text files themselves when they are small one-sentence-per-line text, else on a seeded
-    sample of --vocab_sample_mb of text from any layout (memory bounded by the sample)."""
+    sample of --vocab_sample_mb of text from any layout (memory bounded by the sample). A stop
+    signal is answered while the trainer runs (it runs on a thread; Python's handlers only run
+    between the main thread's bytecodes, never inside the Rust trainer)."""
     if os.path.isfile(journal.vocab):
         logger.info("reusing the vocab the unfinished run trained (%s)", journal.vocab)
         return journal.vocab
@@ -1570,7 +1573,22 @@ def build_vocab(args, sources, options, journal):
         logger.info("training the vocab on a sample of %d documents (%.1f MB of text)", n, size / 1e6)
         files = [sample]
     tmp = journal.vocab + ".tmp"
-    size = train_vocab(files, args.build_vocab, args.do_lower_case, tmp)
+    result = {}
+
+    def train():
+        try:
+            result["size"] = train_vocab(files, args.build_vocab, args.do_lower_case, tmp)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            result["error"] = e
+
+    trainer = threading.Thread(target=train, name="vocab-trainer", daemon=True)  # ends with the process
+    trainer.start()
+    while trainer.is_alive():
+        trainer.join(0.1)
+        signals.check()
+    if "error" in result:
+        raise result["error"]
+    size = result["size"]
     os.replace(tmp, journal.vocab)
     logger.info("trained a WordPiece vocab of %d entries", size)
     return journal.vocab
