@@ -6,12 +6,14 @@ import json
 import logging
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 from tensorboardX.record_writer import masked_crc32c
 
 import deepspeed_train
-from tests.launch import TINY_CFG, ds_config, one_error_line
+from tests.launch import REPO, TINY_CFG, ds_config, one_error_line
 from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
 from tools import export_hf, plot_run
 
@@ -99,3 +101,17 @@ def test_export_into_a_folder_with_files_needs_overwrite(tiny_run, tmp_path, cap
     assert (out / "data.csv").read_text() == "1,2\n"
     assert any("left in place, not written by this export: data.csv" in r.getMessage() for r in caplog.records)
     assert not [name for name in os.listdir(out) if name.startswith(".export_hf")]
+
+
+TOOLS = sorted(name[:-3] for name in os.listdir(os.path.join(REPO, "tools"))
+               if name.endswith(".py") and name != "__init__.py"
+               and '__name__ == "__main__"' in open(os.path.join(REPO, "tools", name)).read())
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_runs_typed_as_a_file_from_anywhere(tool, tmp_path):
+    """`python tools/NAME.py` (how most users first type it) works as `python -m tools.NAME` does,
+    from any folder, not a ModuleNotFoundError traceback."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

@@ -30,6 +30,9 @@ import tempfile
 
 import torch
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
 from turing.hf_convert import HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError, ours_to_hf
 from turing.jsonfile import read_json

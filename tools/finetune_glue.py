@@ -74,6 +74,9 @@ from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
 from tools.export_hf import ExportError, find_vocab_file
 from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic

@@ -13,6 +13,9 @@ import argparse
 import os
 import sys
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from turing.glue import GlueError, load_run, results_table
 
 

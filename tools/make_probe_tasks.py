@@ -36,6 +36,9 @@ import shutil
 import sys
 import tempfile
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from tools.prepare_data import DocumentReader, list_input_files
 from turing.glue import PROBE_LABELS, TASKS
 

@@ -24,6 +24,9 @@ import math
 import os
 import sys
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from turing.tb_events import read_run
 
 logger = logging.getLogger(__name__)

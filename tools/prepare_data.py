@@ -90,6 +90,9 @@ import numpy.random  # noqa: F401  (numpy loads it lazily: load it once here, no
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from tools import corpora
 from turing.formats import BING_SEPARATOR, HDF5_DTYPES, HDF5_KEYS
 from turing.signals import StopRequested, StopSignals
