@@ -154,7 +154,8 @@ def write_nvidia_shard_like(path, bing_folder, vocab, max_seq_length, max_pred, 
     shard = tokenize_shard(BingShard(bing_folder), VocabIndex(vocab))
     special = special_token_ids(vocab)
     settings = Settings(fmt="nvidia", bing_layout="separator", max_seq_length=max_seq_length,
-                        max_predictions_per_seq=max_pred, masked_lm_prob=0.15, short_seq_prob=0.1,
+                        max_predictions_per_seq=max_pred, masked_lm_prob=0.15, validation_masked_lm_prob=0.15,
+                        short_seq_prob=0.1,
                         dupe_factor=1, seed=seed, vocab_size=len(vocab), cls_id=special["cls"],
                         sep_id=special["sep"], mask_id=special["mask"], unk_id=special["unk"])
     start = shard.first_token[:-1]

@@ -328,6 +328,7 @@ def main(argv=None):
     p.add_argument("--splitters", action="store_true", help="also the splitter and wikitext measurements")
     p.add_argument("--reading", action="store_true",
                    help="only the main process's reading and filtering per layout (no prepare_data runs)")
+    p.add_argument("--vocab_mb", type=float, default=10, help="MB of generated text the bench's vocab is trained on")
     p.add_argument("--output", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -340,7 +341,7 @@ def main(argv=None):
 
         sample = os.path.join(args.work, "vocab_sample.txt")
         with open(sample, "w", encoding="utf-8") as f:
-            for _, doc in ZipfDocuments(10)():
+            for _, doc in ZipfDocuments(args.vocab_mb)():
                 f.write("\n".join(doc) + "\n\n")
         train_vocab([sample], 16000, True, vocab)
     common = {"date": datetime.datetime.now().isoformat(timespec="minutes"), "cpus": os.cpu_count(),

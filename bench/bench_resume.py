@@ -5,7 +5,7 @@ should not grow with the position. One rank, tiny model, NVIDIA and Bing shards 
 then resumes from each (alternating, ROUNDS times) are timed from process start to the first
 progress line. Appends a JSON line to bench/results/resume.jsonl.
 
-    python bench/bench_resume.py [--work DIR] [--rounds 3] [--early 2] [--late 120]
+    python bench/bench_resume.py [--work DIR] [--rounds 3] [--early 2] [--late 120] [--samples 4096]
 """
 import argparse
 import json
@@ -44,18 +44,22 @@ def time_to_first_step(cmd):
     return first
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--early", type=int, default=2)
     parser.add_argument("--late", type=int, default=120)
-    args = parser.parse_args()
+    parser.add_argument("--samples", type=int, default=4096, help="training samples (2 shards)")
+    parser.add_argument("--providers", nargs="+", default=["nvidia", "bing"], choices=["nvidia", "bing"])
+    parser.add_argument("--output", default=os.path.join(REPO, "bench", "results", "resume.jsonl"),
+                        help="append the JSON line here")
+    args = parser.parse_args(argv)
     work = args.work or tempfile.mkdtemp(prefix="bench_resume_")
-    data = make_data_root(os.path.join(work, "data"), seq_lengths=(128,), n_train=4096, shards=2, n_valid=16)
+    data = make_data_root(os.path.join(work, "data"), seq_lengths=(128,), n_train=args.samples, shards=2, n_valid=16)
     load_start = load_average()
     result = {"bench": "resume", "time": time.strftime("%Y-%m-%d %H:%M:%S"), "early": args.early, "late": args.late}
-    for provider in ("nvidia", "bing"):
+    for provider in args.providers:
         out = os.path.join(work, provider)
         subprocess.run(command(data, out, provider, "--checkpoint_every_steps", str(args.early), "--max_steps",
                                str(args.late), "--log_level", "warning"), cwd=REPO, env=launch_env(), check=True,
@@ -70,7 +74,7 @@ def main():
         result[provider] = {k: {"median_s": statistics.median(v), "all_s": v} for k, v in times.items()}
         print(provider, {k: round(v["median_s"], 2) for k, v in result[provider].items()})
     result["loadavg_start"], result["loadavg_end"] = load_start, load_average()
-    with open(os.path.join(REPO, "bench", "results", "resume.jsonl"), "a") as f:
+    with open(args.output, "a") as f:
         f.write(json.dumps(result) + "\n")
 
 

@@ -1,0 +1,63 @@
+"""Every bench script runs, typed as bench/README.md types it, at a tiny size: a bench no test runs
+rots (bench_data.py crashed on a changed Settings for weeks). Each checks that the bench got
+to its figures, not the figures themselves (speed is measured by the benches, not by tests)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testkit.launcher import REPO, TINY_CFG, launch_env
+
+
+def bench(tmp_path, script, *args, timeout=300):
+    done = subprocess.run([sys.executable, os.path.join("bench", script), *map(str, args)], cwd=REPO,
+                          env=launch_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout
+
+
+def json_lines(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_bench_data(tmp_path):
+    out = bench(tmp_path, "bench_data.py", "--seq", 64, "--batch", 8, "--samples", 128, "--rounds", 1,
+                "--baseline_batches", 2, "--vocab_size", 200, "--step_ms", 1, "--overlap_batches", 4,
+                "--output", tmp_path / "data.jsonl")
+    assert "speed-up" in out and {r["provider"] for r in json_lines(tmp_path / "data.jsonl")} == {"nvidia", "bing"}
+
+
+def test_bench_model(tmp_path):
+    out = bench(tmp_path, "bench_model.py", "--layers", 1, "--hidden", 32, "--heads", 2, "--intermediate", 64,
+                "--vocab", 128, "--rounds", 1, "--steps", 1, "--batch", 2, "--seq", 32, "--memory", "off",
+                "--models", "ours,reference")
+    assert "speed-up ours/reference" in out
+
+
+def test_bench_e2e(tmp_path):
+    out = bench(tmp_path, "bench_e2e.py", "--steps", 20, "--providers", "nvidia", "--batch", 4, "--vocab_words", 200,
+                "--model_config", TINY_CFG, "--output", tmp_path / "e2e.jsonl")
+    (record,) = json_lines(tmp_path / "e2e.jsonl")
+    assert "nvidia" in out and record["provider"] == "nvidia" and record["windows"]
+    assert all(w["samples_per_s"] > 0 for w in record["windows"])
+
+
+def test_bench_resume(tmp_path):
+    bench(tmp_path, "bench_resume.py", "--work", tmp_path / "work", "--rounds", 1, "--early", 1, "--late", 3,
+          "--samples", 128, "--providers", "nvidia", "--output", tmp_path / "resume.jsonl")
+    (result,) = json_lines(tmp_path / "resume.jsonl")
+    assert result["nvidia"]["early"]["median_s"] > 0 and result["nvidia"]["late"]["median_s"] > 0
+
+
+def test_bench_prepare(tmp_path):
+    bench(tmp_path, "bench_prepare.py", "--work", tmp_path / "work", "--mb", 0.2, "--vocab_mb", 0.2, "--layouts",
+          "jsonl", "--workers", 1, "--output", tmp_path / "prepare.jsonl")
+    (record,) = json_lines(tmp_path / "prepare.jsonl")
+    assert record["layout"] == "jsonl" and record["text_mb_per_s"] > 0
+
+
+@pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(REPO, "bench")) if f.startswith("bench_")))
+def test_every_bench_has_its_smoke_test(script):
+    assert f"test_{script[:-3]}" in globals(), f"bench/{script} has no smoke test here"
