@@ -123,6 +123,12 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         if not self.dataset_folders:
             raise InputValueError(f"job config data.mixed_seq_datasets[\"{self.max_seq_length}\"] names no Bing dataset; "
                              f"expected {' and/or '.join(DATASET_CONFIG_KEYS.values())}")
+        named = {key: os.path.realpath(os.path.join(prefix, datasets[key])) for key in DATASET_CONFIG_KEYS.values()
+                 if key in datasets}
+        if len(named) > 1 and len(set(named.values())) == 1:
+            logger.warning("job config: %s all name %s: every sample of it is trained %d times an epoch; name it once "
+                           "(e.g. wiki_pretrain_dataset alone) to train it once", " and ".join(named),
+                           next(iter(named.values())), len(named))
 
         self.vocab = load_vocab(args.vocab_file)
         self.vocab_index = VocabIndex(self.vocab)

@@ -1,5 +1,6 @@
 """Bing numpy shards: both layouts, batch contents, dynamic masking, determinism, the provider's
 picker and rank split, resume at a micro batch, the validation set and bad-shard errors."""
+import logging
 import os
 from argparse import Namespace
 
@@ -429,3 +430,18 @@ def test_launcher_two_ranks_with_the_bing_provider_and_async_worker(tmp_path):
     assert "did not stop" not in log
     saved = os.listdir(tmp_path / "out" / "saved_models" / "tiny_bert")
     assert {"epoch1_step4", "step6"} <= set(saved)   # the stop's checkpoint keeps the position in epoch 2
+
+
+def test_two_datasets_naming_one_folder_are_warned_about(data_root, caplog):
+    """Both of a job config's datasets on one folder train each sample twice an epoch (as the
+    demo config once did, unseen): the provider says so."""
+    args = make_args(data_root, data_root / "vocab.txt")
+    args.config["data"]["datasets"]["bc_pretrain_dataset"] = "wiki/../wiki"
+    with caplog.at_level(logging.WARNING):
+        BingBertDatasetProvider(args).close()
+    assert "wiki_pretrain_dataset and bc_pretrain_dataset all name" in caplog.text
+    assert "every sample of it is trained 2 times an epoch" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        BingBertDatasetProvider(make_args(data_root, data_root / "vocab.txt")).close()
+    assert "all name" not in caplog.text
