@@ -453,10 +453,15 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
     index = 0
     for doc, nbytes in documents:
         consumed += nbytes
-        if not doc or (keep is not None and not keep(doc)):
+        if not doc:
             continue
+        # the split counts every document read, kept or not: a duplicate left out, or another
+        # part's document, moves no other document between the sets (and the probe suite's
+        # held-out documents, split by the same rule, stay the validation set's)
         name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
         index += 1
+        if keep is not None and not keep(doc):
+            continue
         entry = pending[name]
         entry[0].append(doc)
         entry[1] += corpora.document_size(doc)
