@@ -15,10 +15,14 @@ if [ ! -f "$WORK/nvidia/vocab.txt" ]; then
   "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia" --format nvidia \
     --build_vocab 8000 --max_seq_length 128 --max_predictions_per_seq 20 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
+else
+  echo "using the existing corpus, vocab and shards in $WORK/nvidia (remove the folder to make them again)"
 fi
 if [ ! -d "$WORK/nvidia_mlm40/train" ]; then
   # the same documents held out (same --validation_fraction), its own validation copy unused
   "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm40" --format nvidia \
     --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.4 --max_predictions_per_seq 52 --num_shards 2 \
     --validation_fraction 0.05 --workers 2 --overwrite
+else
+  echo "using the existing 40%-masked shards in $WORK/nvidia_mlm40"
 fi

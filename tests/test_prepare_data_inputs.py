@@ -224,3 +224,40 @@ def test_a_fifo_is_not_read(vocab, tmp_path, capsys, caplog):
     line = error_of(capsys, ["--input", folder / "pipe.txt", "--output_dir", tmp_path / "out2", "--vocab_file", vocab,
                              "--max_seq_length", 64])
     assert "pipe.txt: not a regular file or folder (a FIFO" in line
+
+
+def test_one_huge_line_is_warned_about_as_a_line_not_cut_into_pieces(tmp_path, caplog):
+    """A 200 KB line is one 'sentence' of one-sentence-per-line text: said so (a sequence keeps
+    its first tokens only), and not announced as cut into pieces, which a single line cannot be."""
+    corpus = make_corpus(tmp_path / "c.txt", documents=3)
+    with open(corpus, "a", encoding="utf-8") as f:
+        f.write("\n" + " ".join(["word"] * 40_000) + "\n")
+    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=4096)
+    with caplog.at_level("WARNING"):
+        documents = [doc for doc, _ in reader if doc]
+    assert len(documents) == 4 and reader.cut == 0 and "cut into pieces" not in caplog.text
+    (warning,) = [w for w in reader.warnings() if "longer than 64 KB" in w]
+    assert warning.startswith("1 line(s) longer than 64 KB (the longest: 0.2 MB,") and "text_docs" in warning
+
+
+def test_the_output_folder_as_input_is_one_line(vocab, tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    make_corpus(folder / "corpus.txt", documents=10)
+    line = error_of(capsys, ["--input", folder, "--output_dir", folder, "--vocab_file", vocab])
+    assert f"--input {folder} is the --output_dir" in line
+
+
+def test_overwrite_removes_a_linked_shard_not_what_it_links_to(vocab, tmp_path):
+    """--overwrite over a shard-named link (to another run's shard folder) removes the link and
+    keeps its target; it used to stop with 'Cannot call rmtree on a symbolic link' after the new
+    vocab was in place."""
+    corpus = make_corpus(tmp_path / "c.txt", documents=40)
+    argv = ["--input", corpus, "--output_dir", tmp_path / "o", "--format", "bing", "--vocab_file", vocab,
+            "--max_seq_length", 64]
+    assert prepare_data.main([str(a) for a in argv]) == 0
+    elsewhere = tmp_path / "kept_shard"
+    os.rename(tmp_path / "o" / "train" / "shard_000", elsewhere)
+    os.symlink(elsewhere, tmp_path / "o" / "train" / "shard_000")
+    assert prepare_data.main([str(a) for a in argv + ["--overwrite"]]) == 0
+    assert os.path.isdir(elsewhere) and not os.path.islink(tmp_path / "o" / "train" / "shard_000")

@@ -161,6 +161,9 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
         elif is_hf_folder(path) and input_format in (None, "hf"):
             sources.append(Source(path, "hf", _folder_size(path)))
         elif os.path.isdir(path):
+            if skip and os.path.join(os.path.realpath(path), "") == skip:
+                raise CorpusError(f"--input {path} is the --output_dir: give the corpus and the shards folders of "
+                                  f"their own")
             found = _folder_sources(path, input_format, skip)
             if not found:
                 wanted = "input files" if input_format not in (None, "text") else ".txt files"

@@ -213,9 +213,11 @@ class Summary:
                        f"{', '.join(extra)} left out")
         for name, s in self.sets.items():
             unk = s.unk_tokens / max(s.tokens, 1)
+            sizes = s.shard_sizes
+            per_shard = (", ".join(map(str, sizes)) if len(sizes) <= 8 else  # all of them are in stats.json
+                         f"{min(sizes)} to {max(sizes)} over {len(sizes)} shards (each in stats.json)")
             out.append(f"  {name}: {s.documents} documents, {s.sentences} sentences, {s.tokens} tokens "
-                       f"({unk:.2%} [UNK]), {s.sequences} sequences; per shard: "
-                       f"{', '.join(map(str, s.shard_sizes))}")
+                       f"({unk:.2%} [UNK]), {s.sequences} sequences; per shard: {per_shard}")
         rate = self.sequences / max(self.seconds, 1e-9)
         mb_s = self.input_bytes / 1e6 / max(self.seconds, 1e-9)
         out.append(f"  time: {self.seconds:.2f} s ({rate:,.0f} sequences/s, {mb_s:.2f} MB/s of input) after "
@@ -297,6 +299,8 @@ class DocumentReader:
         self.cut = 0                     # documents cut into pieces
         self.pieces = 0                  # the pieces they became
         self.longest = (0, 0, "")        # (text bytes, lines, file:line) of the longest cut one
+        self.long_lines = 0              # lines longer than LONG_LINE_BYTES: no sentence is that long
+        self.longest_line = (0, "")      # (bytes, file:line)
 
     def __iter__(self):
         """Yield (document, bytes read): a list of non-blank lines, and the input consumed since
@@ -335,14 +339,17 @@ class DocumentReader:
                     continue
                 if not lines and not pieces:
                     start = number
+                if pieces == 1 and not lines:  # a second piece begins
+                    logger.warning("%s:%d: a document of more than %.2f MB of text (--chunk_size_mb): cut "
+                                   "into pieces of that size. Are blank lines between documents missing?",
+                                   path, start, self.max_document_bytes / 2**20)
+                if len(line) > LONG_LINE_BYTES:
+                    self.long_lines += 1
+                    self.longest_line = max(self.longest_line, (len(line), f"{path}:{number}"))
                 lines.append(line)
                 size += len(line)
                 count += 1
                 if self.max_document_bytes and size >= (pieces + 1) * self.max_document_bytes:
-                    if not pieces:
-                        logger.warning("%s:%d: a document of more than %.2f MB of text (--chunk_size_mb): cut "
-                                       "into pieces of that size. Are blank lines between documents missing?",
-                                       path, start, self.max_document_bytes / 2**20)
                     pieces += 1
                     yield lines, consumed
                     lines, consumed = [], 0
@@ -366,10 +373,19 @@ class DocumentReader:
             out.append(f"{self.cut} document(s) longer than --chunk_size_mb were cut into {self.pieces} pieces "
                        f"(the longest: {size / 2**20:.1f} MB, {count} lines, from {where}); random next sentences "
                        f"of a piece mostly come from that piece. Separate documents by blank lines.")
+        if self.long_lines:
+            size, where = self.longest_line
+            out.append(f"{self.long_lines} line(s) longer than {LONG_LINE_BYTES // 1024} KB (the longest: "
+                       f"{size / 2**20:.1f} MB, {where}): in one-sentence-per-line text each is one sentence, which "
+                       f"a sequence cuts to --max_seq_length tokens, dropping the rest. One document per line? "
+                       f"--input_format text_docs splits documents into sentences")
         if self.documents == 1:
             out.append("the input is a single document (no blank line between documents): next-sentence "
                        "prediction's random sentences all come from that document")
         return out
+
+
+LONG_LINE_BYTES = 64 * 1024  # no sentence is longer: a line beyond it is a document (or many) on one line
 
 
 def input_sources(args):
@@ -1247,10 +1263,10 @@ def remove_shards(folder, part_tag=None):
     """Delete the shard files/folders (by their names) a previous run left in `folder`."""
     for name in existing_shards(folder, part_tag):
         path = os.path.join(folder, name)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:
-            os.remove(path)
+            os.remove(path)  # a file, or a link (to a shard elsewhere, which stays)
 
 
 # ----------------------------------------------------------------------------- resuming
