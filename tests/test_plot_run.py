@@ -42,11 +42,23 @@ def test_panels_follow_the_tags_and_runs_share_a_figure(tiny_run, tmp_path):  # 
     loss_panel = next(t for t in drawn if t.startswith("Training loss"))
     for title in (loss_panel, "Learning rate", "Validation loss"):
         assert drawn[title] == ["tiny_bert", "other_job"], title
-    assert drawn["Validation accuracy"] == ["tiny_bert MLM", "other_job MLM", "tiny_bert NSP", "other_job NSP"]
+    assert drawn["Validation accuracy"] == ["tiny_bert", "other_job", "tiny_bert NSP", "other_job NSP"]
     # validation points carry the training minutes: accuracy against time compares runs
     assert drawn["Validation MLM accuracy against training time"] == ["tiny_bert", "other_job"]
     assert set(drawn) <= {p[0] for p in plot_run.PANELS}
     png_size(tmp_path / "two.png")
+    # one run: every panel against the optimizer step (the loss too), the minutes on the accuracy
+    # panel's top axis instead of a panel repeating its series
+    alone = plot_run.plot_runs([tiny_run["runs"]], str(tmp_path / "one.png"))
+    assert plot_run.MINUTES_PANEL not in alone and all(names == ["tiny_bert"] for t, names in alone.items()
+                                                        if t != "Validation accuracy")
+
+
+def test_the_output_path_is_the_one_written_and_said(tiny_run, tmp_path, capsys):  # noqa: F811
+    (tmp_path / "plots").mkdir()
+    for given, written in ((tmp_path / "plots", tmp_path / "plots" / "loss.png"), (tmp_path / "fig", tmp_path / "fig.png")):
+        assert plot_run.main([tiny_run["runs"], "--output", str(given)]) == 0
+        assert f"wrote {written}:" in capsys.readouterr().out and written.is_file()
 
 
 def test_runs_with_the_same_name_are_told_apart(tmp_path):

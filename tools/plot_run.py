@@ -2,19 +2,22 @@
 
     python -m tools.plot_run OUT/runs/JOB [OUT2/runs/JOB2 ...] --output loss.png [--smooth 0.9]
 
-Panels (a panel with no data in any run is left out):
-- training loss against samples seen, raw (faint) and smoothed (EMA)  `Train/Samples/train_loss`
-- learning rate against optimizer step                                 `Train/lr`
-- validation loss against optimizer step                 `Validation/step/Loss` (else `Validation/Loss`
-                                                          against epoch, for runs logged before)
-- validation MLM and NSP accuracy against optimizer step `Validation/step/MLM_accuracy`, `.../NSP_accuracy`
-                                                          (else the per-epoch tags against epoch)
-- validation MLM accuracy against training minutes     `Validation/step/MLM_accuracy` joined by step
-                                                          with `Validation/train_minutes`
-- throughput against optimizer step                                    `Train/samples_per_s`
-Each run is one colour, named after its folder, so several runs compare on one figure; NSP
-accuracy lines take colours of their own (dashed, square markers). Few points get markers and
-an integer step or epoch axis with room around them.
+Panels (a panel with no data in any run is left out), all against the optimizer step but one:
+- training loss, raw (faint) and smoothed (EMA)        `Train/loss` (else `Train/Samples/train_loss`
+                                                         against samples, for runs logged before)
+- learning rate                                        `Train/lr`
+- validation loss                                      `Validation/step/Loss` (else `Validation/Loss`
+                                                         against epoch, for runs logged before)
+- validation MLM (and NSP) accuracy                    `Validation/step/MLM_accuracy`, `.../NSP_accuracy`
+                                                         (else the per-epoch tags against epoch); with one
+                                                         run, training minutes on its top axis
+- validation MLM accuracy against training minutes     several runs only (it compares their speed):
+                                                         `Validation/step/MLM_accuracy` with `Validation/train_minutes`
+- throughput                                           `Train/samples_per_s`
+Each run is one colour and one legend name (its folder) in every panel; NSP accuracy lines take
+colours of their own (dashed, square markers, "NSP" after the name). Few points get markers and
+an integer step or epoch axis with room around them. `--output` names the PNG (".png" is added
+where it lacks one; a folder gets loss.png in it); the path written is printed.
 Events are read with `turing.tb_events` (no TensorFlow needed); matplotlib draws off-screen (Agg).
 """
 import argparse
@@ -31,17 +34,19 @@ from turing.tb_events import read_run
 
 logger = logging.getLogger(__name__)
 
+MINUTES_PANEL = "Validation MLM accuracy against training time"
 # (title, y label, draw raw + EMA, alternatives): a panel draws the first alternative that any
 # run has data for; an alternative is (x label, [(y tag, x tag or None = the event step, suffix)]).
 PANELS = [
-    ("Training loss (faint: raw)", "loss", True, [("samples", [("Train/Samples/train_loss", None, "")])]),
+    ("Training loss (faint: raw)", "loss", True, [("optimizer step", [("Train/loss", None, "")]),
+                                                  ("samples", [("Train/Samples/train_loss", None, "")])]),
     ("Learning rate", "learning rate", False, [("optimizer step", [("Train/lr", None, "")])]),
     ("Validation loss", "loss", False, [("optimizer step", [("Validation/step/Loss", None, "")]),
                                         ("epoch", [("Validation/Loss", None, "")])]),
     ("Validation accuracy", "accuracy", False,
      [("optimizer step", [("Validation/step/MLM_accuracy", None, " MLM"), ("Validation/step/NSP_accuracy", None, " NSP")]),
       ("epoch", [("Validation/MLM_accuracy", None, " MLM"), ("Validation/NSP_accuracy", None, " NSP")])]),
-    ("Validation MLM accuracy against training time", "MLM accuracy", False,
+    (MINUTES_PANEL, "MLM accuracy", False,
      [("training minutes", [("Validation/step/MLM_accuracy", "Validation/train_minutes", "")])]),
     ("Throughput", "samples / s", False, [("optimizer step", [("Train/samples_per_s", None, "")])]),
 ]
@@ -110,6 +115,8 @@ def plot_runs(run_dirs, output, smooth=0.9):
     runs = load_runs(run_dirs)
     panels = []
     for title, ylabel, smoothed, alternatives in PANELS:
+        if title == MINUTES_PANEL and len(runs) == 1:
+            continue  # one run: the accuracy panel's top axis says the minutes
         chosen = next(((xlabel, series) for xlabel, series in alternatives
                        if any(_points(scalars, y, x) for _, scalars in runs for y, x, _ in series)), None)
         if chosen:
@@ -134,16 +141,18 @@ def plot_runs(run_dirs, output, smooth=0.9):
                 colour = colours[(k * len(runs) + r) % len(colours)]
                 steps, values = zip(*points)
                 xs += steps
-                name = label + suffix
+                name = label + (suffix if k else "")   # the first series carries the run's name alone
                 if smoothed:
                     ax.plot(steps, values, color=colour, alpha=0.25, linewidth=0.8)
-                    ax.plot(steps, ema(values, smooth), color=colour, label=f"{name} (EMA {smooth:g})")
+                    ax.plot(steps, ema(values, smooth), color=colour, label=name)
                 else:
                     marker = ("o", "s")[k % 2] if len(steps) < 30 else None
                     ax.plot(steps, values, color=colour, linestyle=("-", "--")[k % 2], marker=marker, label=name)
                 drawn[title].append(name)
-        ax.set_title(title)
+        ax.set_title(title.replace("(faint: raw)", f"(EMA {smooth:g}; faint: raw)") if smoothed else title)
         ax.set_xlabel(xlabel)
+        if title == "Validation accuracy" and len(runs) == 1 and xlabel == "optimizer step":
+            _minutes_on_top(ax, runs[0][1])
         if xlabel in INTEGER_AXES:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole
             if max(xs) - min(xs) < 2:  # one or two points: whole numbers around them, not 0.95-1.05
@@ -160,6 +169,26 @@ def plot_runs(run_dirs, output, smooth=0.9):
     fig.savefig(output, dpi=100)
     plt.close(fig)
     return drawn
+
+
+def _minutes_on_top(ax, scalars):
+    """A top axis in training minutes over a step axis (from the run's Validation/train_minutes)."""
+    known = sorted(dict(scalars.get("Validation/train_minutes", [])).items())
+    if len(known) < 2:
+        return
+    import numpy as np
+
+    steps, minutes = map(np.asarray, zip(*([(0, 0.0)] + known)))
+    top = ax.secondary_xaxis("top", functions=(lambda x: np.interp(x, steps, minutes),
+                                               lambda m: np.interp(m, minutes, steps)))
+    top.set_xlabel("training minutes")
+
+
+def output_path(output):
+    """Where --output writes: a folder gets loss.png in it; a name without .png gets the suffix."""
+    if os.path.isdir(output):
+        return os.path.join(output, "loss.png")
+    return output if output.lower().endswith(".png") else output + ".png"
 
 
 def last_validation(run_dirs):
@@ -184,12 +213,13 @@ def main(argv=None):
                         help="EMA weight for the smoothed training loss, in [0, 1) (default: 0.9)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    output = output_path(args.output)
     try:
-        drawn = plot_runs(args.run_dirs, args.output, args.smooth)
+        drawn = plot_runs(args.run_dirs, output, args.smooth)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("\n".join(last_validation(args.run_dirs) + [f"wrote {args.output}: {', '.join(drawn)}"]))
+    print("\n".join(last_validation(args.run_dirs) + [f"wrote {output}: {', '.join(drawn)}"]))
     return 0
 
 

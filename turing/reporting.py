@@ -128,7 +128,7 @@ class Reporter:
             losses = all_reduce(losses) / self.ranks.world
         losses = losses.cpu().tolist()
         for (step, samples, lr, _), loss in zip(self.pending, losses):
-            self.log(step, {"Train/lr": lr})
+            self.log(step, {"Train/lr": lr, "Train/loss": loss})
             self.log(samples, {"Train/Samples/train_loss": loss, "Train/Samples/lr": lr})
         step, samples, last_lr, _ = self.pending[-1]
         self.pending = []
