@@ -54,6 +54,8 @@ from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 logger = logging.getLogger("bing_bert")
 
 NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
+                  # the modernbert block's LayerNorms (turing/modern.py: norm, attn_norm, final_norm, ...)
+                  "norm.weight",
                   # DeepSpeed transformer-kernel names
                   "attn_nw", "attn_nb", "norm_w", "norm_b", "attn_qkvb", "attn_ob", "inter_b", "output_b")
 ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
@@ -298,7 +300,7 @@ def load_pretrained_weights(cfg, network):
         state_dict, _, _ = load_checkpoint_state(path)
     else:
         state_dict = read_state_dict_file(path)
-    if getattr(network.bert.encoder, "uses_transformer_kernel", False):
+    if getattr(getattr(network.bert, "encoder", None), "uses_transformer_kernel", False):
         state_dict = to_transformer_kernel_layout(state_dict)
     own = network.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
@@ -681,7 +683,9 @@ def validation_scores(cfg, model, dataset):
                                     nsp_scores.float() if cfg.next_sentence_prediction else None,
                                     batch.next_sentence_labels)
             correct = (scores.argmax(-1) == labels) & masked
-            nsp_correct = nsp_scores.argmax(-1) == batch.next_sentence_labels
+            # (without next_sentence_prediction there may be no NSP head: the modernbert architecture)
+            nsp_correct = (nsp_scores.argmax(-1) == batch.next_sentence_labels if cfg.next_sentence_prediction
+                           else torch.zeros(0, dtype=torch.bool, device=device))
             totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),
                                    correct.sum().double(), masked.sum().double(),
                                    nsp_correct.sum().double(),

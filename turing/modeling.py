@@ -78,6 +78,7 @@ class BertConfig:
     path to a JSON file holding the whole configuration (as the original did).
     """
 
+    architecture = "bert"  # bert_model_config's "architecture" (a class attribute: not in to_dict)
     FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
               "max_position_embeddings", "type_vocab_size", "initializer_range")
@@ -130,10 +131,14 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, json_object):
-        """Build from a dict with `vocab_size_or_config_json_file` (or `vocab_size`) and FIELDS."""
+        """Build from a dict with `vocab_size_or_config_json_file` (or `vocab_size`) and FIELDS (and
+        optionally "architecture": "bert")."""
         if not isinstance(json_object, dict):
             raise BertConfigError(f"bert_model_config must be a JSON object, got {type(json_object).__name__}")
         values = dict(json_object)
+        if values.pop("architecture", cls.architecture) != cls.architecture:
+            raise BertConfigError(f"bert_model_config: architecture {json_object['architecture']!r} is not "
+                                  f"{cls.architecture!r} (turing.models.model_config_from_dict reads any)")
         vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
         if not vocab_keys:
             raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
@@ -626,6 +631,7 @@ class ModelOptions:
     micro_batch: Optional[int] = None           # the kernel's maximum batch
     local_rank: int = 0                         # the kernel's device and init rank
     seed: int = 42                              # the kernel's and the sparse layouts' random draws
+    architecture: str = "bert"                  # bert_model_config's architecture (turing.models.ARCHITECTURES)
 
     # fields taken from the attribute of the same name
     _SAME_NAME = ("checkpoint_activations", "unpad", "next_sentence_prediction", "progressive_layer_drop",
@@ -638,7 +644,7 @@ class ModelOptions:
         `model`). Attributes `args`
         lacks keep their defaults; ds_config gives the sparse-attention block and the precision,
         train_micro_batch_size_per_gpu the micro batch, local_rank (or the launcher's
-        LOCAL_RANK) the local rank."""
+        LOCAL_RANK) the local rank, the job config (`config`) the architecture."""
         if args is None or isinstance(args, cls):
             return args or cls()
         if isinstance(getattr(args, "model", None), cls):
@@ -648,12 +654,17 @@ class ModelOptions:
         if local_rank is None or local_rank < 0:
             # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        model_config = (getattr(args, "config", None) or {}).get("bert_model_config")
+        architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
         return cls(**{name: getattr(args, name) for name in cls._SAME_NAME if hasattr(args, name)},
+                   architecture=architecture,
                    sparse_attention=ds_config.get("sparse_attention"), precision=precision_of(ds_config),
                    micro_batch=getattr(args, "train_micro_batch_size_per_gpu", None), local_rank=local_rank)
 
     def check(self):
         """Reject option combinations this machine or build cannot run, with one line saying why."""
+        if self.architecture != "bert":
+            self._check_modern()
         if self.unpad:
             for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
                 if getattr(self, flag):
@@ -676,6 +687,23 @@ class ModelOptions:
         if self.precision == "bf16":
             raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
                                   "enables bf16")
+
+    # the options that do not apply to the modernbert block (turing/modern.py), and why
+    _NOT_MODERN = {
+        "deepspeed_transformer_kernel": "DeepSpeed's fused layer computes the original BERT block",
+        "deepspeed_sparse_attention": "its layouts are for the original block; the modern block has its own "
+                                      "sliding-window attention (local_attention)",
+    }
+
+    def _check_modern(self):
+        for flag, why in self._NOT_MODERN.items():
+            if getattr(self, flag):
+                raise InputValueError(f"--{flag} does not apply to bert_model_config.architecture "
+                                      f"'{self.architecture}' ({why}); run without it")
+        if self.next_sentence_prediction:
+            raise InputValueError(f"next_sentence_prediction is true, but bert_model_config.architecture "
+                                  f"'{self.architecture}' has no next-sentence head (ModernBERT trains the MLM loss "
+                                  f"alone); set it false in the job config's training section or leave it out")
 
 
 def check_model_flags(args):

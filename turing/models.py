@@ -1,6 +1,9 @@
-"""`BertMultiTask`: the model as the training script holds it.
+"""`BertMultiTask`: the model as the training script holds it, and the architectures it can be.
 
-Owns: building `BertForPreTrainingPreLN` from the job config's `bert_model_config` and the
+Owns: `ARCHITECTURES` (the job config's `bert_model_config.architecture` -> its config class and
+pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "modernbert",
+`turing.modern.ModernForPreTraining`), `model_config_from_dict` and `pretraining_model`, which
+every tool builds through; building the model from the job config's `bert_model_config` and the
 vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
 says), the device the batches go to, and plain state-dict save/load of the network.
 After `deepspeed.initialize` the training script replaces `.network` by the engine; the
@@ -15,9 +18,31 @@ from turing.batch import Batch
 from turing.checkpoint import read_state_dict_file
 from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.modern import ModernConfig, ModernForPreTraining
 from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
 
 logger = logging.getLogger(__name__)
+
+# bert_model_config.architecture -> (config class, pretraining model class); a new architecture
+# is one line here (its config's `from_dict`, its model's `forward(batch, **kwargs)` and `predict`).
+ARCHITECTURES = {
+    "bert": (BertConfig, BertForPreTrainingPreLN),
+    "modernbert": (ModernConfig, ModernForPreTraining),
+}
+
+
+def model_config_from_dict(values):
+    """The config of a `bert_model_config` dict, of the class its "architecture" names (default bert)."""
+    architecture = values.get("architecture", "bert") if isinstance(values, dict) else "bert"
+    if architecture not in ARCHITECTURES:
+        raise BertConfigError(f"bert_model_config: architecture {architecture!r} is not one of "
+                              f"{', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[architecture][0].from_dict(values)
+
+
+def pretraining_model(config, options=None):
+    """The pretraining model of `config`'s architecture; `options`: ModelOptions or a command line."""
+    return ARCHITECTURES[config.architecture][1](config, options)
 
 
 class CheckpointError(InputValueError):
@@ -29,7 +54,7 @@ class BertMultiTask:
         job_config = args.config
         if "bert_model_config" not in job_config:
             raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
-        self.config = BertConfig.from_dict(job_config["bert_model_config"])
+        self.config = model_config_from_dict(job_config["bert_model_config"])
         vocab = load_vocab(args.vocab_file)
         # One row per vocab line (repeated lines included), padded to 8 for tensor-core friendly shapes.
         file_vocab_size = vocab_size(vocab)
@@ -38,7 +63,7 @@ class BertMultiTask:
         self.config.vocab_size = vocab_size_padded(file_vocab_size)
         logger.info("Model vocab size %d (vocab file %s has %d tokens)",
                     self.config.vocab_size, args.vocab_file, file_vocab_size)
-        self.network = BertForPreTrainingPreLN(self.config, args)
+        self.network = pretraining_model(self.config, args)
         self.device = torch.device("cpu")
 
     def _module(self):

@@ -14,7 +14,8 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputError
 from turing.jsonfile import read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
-from turing.modeling import BertConfig, BertConfigError, ModelOptions
+from turing.modeling import BertConfigError, ModelOptions
+from turing.models import model_config_from_dict
 from turing.flops import MEASURE
 from turing.tokenization import load_vocab, vocab_digest, vocab_size, vocab_size_padded
 from utils import Ranks
@@ -130,7 +131,7 @@ def complete_arguments(args):
     for key in LR_SCHEDULES[args.lr_schedule].needs:
         _require(config, ["training", key], f"{args.config_file} (mixed_seq_training.{seq})")
     _require(config, ["bert_model_config"], args.config_file)
-    check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})")
+    check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})", config)
     args.config = config
     args.job_name = args.job_name or config.get("name") or "bing_bert"
     if args.job_name in (".", "..") or os.sep in args.job_name or (os.altsep and os.altsep in args.job_name):
@@ -191,7 +192,7 @@ def check_config_values(args):
         if key in training:
             _check_value(training[key], f"{where}.{key}", **rule)
     try:
-        model_config = BertConfig.from_dict(args.config["bert_model_config"])
+        model_config = model_config_from_dict(args.config["bert_model_config"])
     except BertConfigError as e:
         raise InputError(f"{args.config_file}: {e}") from None
     for flag, low in (("max_seq_length", 5), ("max_predictions_per_seq", 1), ("print_steps", 1),
@@ -215,11 +216,12 @@ def check_config_values(args):
         _check_value(epoch, "--ckpt_to_save", 1, integer=True)
 
 
-def check_recipe(args, training, where):
+def check_recipe(args, training, where, config=None):
     """The recipe switches of a training entry (each optional, default = the original's recipe)
-    and the flags that depend on them; sets args.next_sentence_prediction. masked_lm_prob and
-    mask_split are the Bing provider's dynamic masking; NVIDIA shards carry the masking they
-    were made with (tools/prepare_data.py --masked_lm_prob)."""
+    and the flags that depend on them; sets args.next_sentence_prediction (its default depends on
+    the architecture of the job `config`). masked_lm_prob and mask_split are the Bing provider's
+    dynamic masking; NVIDIA shards carry the masking they were made with
+    (tools/prepare_data.py --masked_lm_prob)."""
     prob = training.get("masked_lm_prob", MASKED_SHARE)
     if not isinstance(prob, (int, float)) or not 0 < prob <= 1:
         raise InputError(f"{where}: masked_lm_prob must be a number in (0, 1], got {prob!r}")
@@ -228,9 +230,16 @@ def check_recipe(args, training, where):
             or abs(sum(split) - 1.0) > 1e-6):
         raise InputError(f"{where}: mask_split must be [mask, random, keep] shares summing to 1 "
                          f"(the original's [0.8, 0.1, 0.1]), got {split!r}")
-    nsp = training.get("next_sentence_prediction", True)
+    # The original's NSP term is on unless switched off; the modernbert architecture has no NSP
+    # head (ModernBERT trains the MLM loss alone), so there it is off and cannot be turned on.
+    model_config = (config or {}).get("bert_model_config")
+    architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
+    nsp = training.get("next_sentence_prediction", architecture == "bert")
     if not isinstance(nsp, bool):
         raise InputError(f"{where}: next_sentence_prediction must be true or false, got {nsp!r}")
+    if nsp and architecture != "bert":
+        raise InputError(f"{where}: next_sentence_prediction is true, but bert_model_config.architecture "
+                         f"'{architecture}' has no next-sentence head; set it false or leave it out")
     args.next_sentence_prediction = nsp
     schedule = LR_SCHEDULES.get(args.lr_schedule)
     if schedule is not None and schedule.cooldown:
