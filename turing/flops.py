@@ -14,7 +14,19 @@ intermediate size i, n layers, vocab V and p predicted (masked) tokens per seque
     training = 3 x forward       (the backward pass computes the gradients of the activations
                                  and of the weights: two matmuls for every forward one)
 
-so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h]. Recomputation
+so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h].
+
+The modernbert block (turing/modern.py) differs in three places:
+- feed-forward: GeGLU, Wi (h -> 2i) then Wo (i -> h): three h x i matmuls, 2 x 2 s h (2i) +
+  2 s i h = 6 s h i (the gate product is elementwise);
+- attention in a sliding-window layer: a query sees the keys within local_attention // 2 = w
+  positions, so the two score matmuls count 4 h per attended (query, key) pair, 4 h a(s, w)
+  with a(s, w) = s (2w + 1) - w (w + 1) pairs (s^2 once w >= s - 1); full-attention layers
+  count 4 s^2 h as above. (On CPU the band is a dense mask, so the matmuls there compute all
+  s^2 pairs: the hardware does more than the model's count, which leaves those out.)
+- heads: the MLM head's dense and decoder on the p masked rows; no pooler, no NSP head.
+so 3 [n (8 s h^2 + 6 s h i) + 4 h (sum over layers of the attended pairs) + p (2 h^2 + 2 h V)].
+RoPE, the embedding norm and the gate are elementwise. Recomputation
 (--checkpoint_activations) is not counted: MFU measures the model's FLOPs, not the hardware's.
 Padding counts as tokens (s is the padded length), as in NVIDIA's and MosaicML's BERT figures.
 
@@ -39,14 +51,32 @@ PEAK_TFLOPS = (
 MEASURE = "measure"
 
 
+def attended_pairs(seq_length, window_half):
+    """(query, key) pairs of a length-s sequence with |query - key| <= window_half."""
+    s, w = seq_length, min(window_half, seq_length - 1)
+    return s * (2 * w + 1) - w * (w + 1)
+
+
 def bert_training_flops(config, seq_length, predictions):
     """FLOPs of training on one sequence (forward + backward; see the module docstring).
-    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size)."""
+    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), or
+    the modernbert architecture's ModernConfig."""
+    if getattr(config, "architecture", "bert") == "modernbert":
+        return modern_training_flops(config, seq_length, predictions)
     s, h, i, n, v, p = (seq_length, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
                         config.vocab_size, predictions)
     layer = 8 * s * h * h + 4 * s * h * i + 4 * s * s * h
     heads = p * (2 * h * h + 2 * h * v) + 2 * h * h + 4 * h
     return 3 * (n * layer + heads)
+
+
+def modern_training_flops(config, seq_length, predictions):
+    """bert_training_flops of the modernbert block (its part of the module docstring)."""
+    s, h, i, v, p = seq_length, config.hidden_size, config.intermediate_size, config.vocab_size, predictions
+    pairs = sum(s * s if kind == "full_attention" else attended_pairs(s, config.local_attention // 2)
+                for kind in config.layer_types)
+    forward = config.num_hidden_layers * (8 * s * h * h + 6 * s * h * i) + 4 * h * pairs + p * (2 * h * h + 2 * h * v)
+    return 3 * forward
 
 
 def table_peak_tflops(device_name, precision):
