@@ -4,7 +4,8 @@
         --output_dir hf_model [--cf bert_config.json]
 
 The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormForMaskedLM`
-(our pre-LN BERT, mapped by `turing.hf_convert`), the tokenizer files (`vocab.txt`,
+(our pre-LN BERT, mapped by `turing.hf_convert`), or of a `ModernBertForMaskedLM` for a
+checkpoint of the modernbert architecture (`turing/modern.py`), the tokenizer files (`vocab.txt`,
 `tokenizer_config.json`, `special_tokens_map.json`) and a README saying what was dropped.
 It loads offline with `transformers`' own classes:
 
@@ -34,15 +35,19 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
-from turing.hf_convert import HF_ARCHITECTURE, HF_MISSING_KEYS, ConversionError, ours_to_hf
+from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
+                               modern_to_hf, ours_to_hf)
 from turing.jsonfile import read_json
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
 from turing.checkpointer import VOCAB_COPY
 from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
 
 logger = logging.getLogger(__name__)
 
 VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
+# the token embedding's key in our state dict, by architecture
+EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "modernbert": "bert.embeddings.tok_embeddings.weight"}
 
 
 class ExportError(ValueError):
@@ -113,20 +118,26 @@ def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
 
 
 def model_config(job_config, state_dict, source):
-    """Our BertConfig: bert_model_config of the job config, sized by the saved tensors."""
+    """Our model config (a BertConfig, or a ModernConfig for the modernbert architecture):
+    bert_model_config of the job config, sized by the saved tensors."""
     if not job_config or "bert_model_config" not in job_config:
         raise ExportError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
     try:
-        config = BertConfig.from_dict(job_config["bert_model_config"])
+        config = model_config_from_dict(job_config["bert_model_config"])
     except BertConfigError as e:
         raise ExportError(f"{source}: {e}") from None
-    word = state_dict.get("bert.embeddings.word_embeddings.weight")
+    word = state_dict.get(EMBEDDING_KEYS[config.architecture])
     pos = state_dict.get("bert.embeddings.position_embeddings.weight")
-    if word is None or pos is None:
-        raise ExportError(f"{source}: the checkpoint has no embedding tables (not a BERT checkpoint of ours)")
+    if word is None or (pos is None and config.architecture == "bert"):
+        raise ExportError(f"{source}: the checkpoint has no embedding tables (not a checkpoint of ours of "
+                          f"architecture {config.architecture})")
     # The training script overrides the config's vocab size with the vocab file's (padded).
     config.vocab_size = word.shape[0]
-    if pos.shape[0] != config.max_position_embeddings or word.shape[1] != config.hidden_size:
+    if pos is None:  # modernbert: RoPE, no position table
+        if word.shape[1] != config.hidden_size:
+            raise ExportError(f"{source}: bert_model_config (hidden_size {config.hidden_size}) does not match the "
+                              f"checkpoint's token embedding {tuple(word.shape)}")
+    elif pos.shape[0] != config.max_position_embeddings or word.shape[1] != config.hidden_size:
         raise ExportError(f"{source}: bert_model_config (hidden_size {config.hidden_size}, max_position_embeddings "
                           f"{config.max_position_embeddings}) does not match the checkpoint's embeddings "
                           f"{tuple(word.shape)} and {tuple(pos.shape)}")
@@ -135,8 +146,11 @@ def model_config(job_config, state_dict, source):
 
 def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     """Run ours and the HF model on a padded batch; returns the max |difference| of the MLM
-    scores at real positions (raises if above tolerance)."""
-    ours = BertForPreTrainingPreLN(config)
+    scores at real positions (raises if above VERIFY_TOLERANCE x max(1, max |score|)). For the
+    modernbert architecture the batch is longer than its sliding window, so the local layers'
+    band is compared too."""
+    modern = config.architecture == "modernbert"
+    ours = pretraining_model(config)
     # the pooler, which no optimizer group holds, is not in a gathered ZeRO stage 3 checkpoint;
     # the export leaves it out anyway, and the MLM scores compared here do not use it
     missing, unexpected = ours.load_state_dict(state_dict, strict=False)
@@ -146,7 +160,7 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     ours.eval()
     hf_model.eval()
     g = torch.Generator().manual_seed(seed)
-    length = min(32, config.max_position_embeddings)
+    length = min(max(32, config.local_attention + 16) if modern else 32, config.max_position_embeddings)
     lengths = [length, max(2, length // 2), max(2, length // 3)]
     ids = torch.randint(0, vocab_size_real, (len(lengths), length), generator=g)
     ids[ids == pad_id] = (pad_id + 1) % vocab_size_real
@@ -154,11 +168,12 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     segments = torch.zeros_like(ids)
     for row, n in enumerate(lengths):
         mask[row, :n] = 1
-        segments[row, n // 2:n] = 1 if config.type_vocab_size > 1 else 0
+        segments[row, n // 2:n] = 1 if getattr(config, "type_vocab_size", 1) > 1 else 0
     ids = ids.masked_fill(mask == 0, pad_id)  # BERT inputs: padding at the end
+    types = {} if modern else {"token_type_ids": segments}  # ModernBERT has no token types
     with torch.no_grad():
         scores, _ = ours.predict(ids, segments, mask)
-        hf_scores = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=segments).logits
+        hf_scores = hf_model(input_ids=ids, attention_mask=mask, **types).logits
     real = mask.bool()
     diff = (scores[..., :vocab_size_real][real] - hf_scores[real]).abs().max().item()
     scale = max(1.0, scores[real].abs().max().item())
@@ -168,8 +183,10 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     return diff
 
 
-def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_length):
-    """vocab.txt + configs so AutoTokenizer gives a BertTokenizer with our ids and settings."""
+def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_length, modern=False):
+    """vocab.txt + configs so AutoTokenizer gives a BertTokenizer with our ids and settings. For
+    the modernbert architecture: no token type ids (the model has no token type embeddings), and
+    tokenizer.json too, since AutoTokenizer reads only that for a ModernBERT config."""
     shutil.copyfile(vocab_file, os.path.join(output_dir, "vocab.txt"))
     special = {f"{key}_token": tok for key, tok in SPECIAL_TOKENS.items()}
     tokenizer_config = {
@@ -182,10 +199,16 @@ def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_lengt
         "clean_up_tokenization_spaces": False,
         **special,
     }
+    if modern:
+        tokenizer_config["model_input_names"] = ["input_ids", "attention_mask"]
     with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config, f, indent=2)
     with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump(special, f, indent=2)
+    if modern:  # the same WordPiece tokenizer, serialised as transformers builds it from the files above
+        from transformers import BertTokenizer
+        tokenizer = BertTokenizer.from_pretrained(output_dir, local_files_only=True)
+        tokenizer.backend_tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
 
 
 README = """# {name}: pre-LN BERT exported for Hugging Face transformers
@@ -219,6 +242,70 @@ What differs from the training checkpoint:
 """
 
 
+MODERN_README = """# {name}: ModernBERT-style encoder exported for Hugging Face transformers
+
+Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
+
+```python
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("{folder}")
+model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
+```
+
+Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
+blocks as our modernbert model (rotary embeddings, GeGLU, {layers} layers of which {full} use full
+attention and {sliding} a sliding window of +-{window} tokens), final norm and tied MLM head; the
+MLM scores at every real (non-pad) position equal ours (checked when exported on sequences
+longer than the window: max difference {diff}).
+
+What differs from the training checkpoint:
+- Names only: our `bert.` is `model.`, `cls.head.` is `head.`, `cls.decoder.` is `decoder.`.
+- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
+  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
+- Weights are stored in float32 whatever the training precision was.
+- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
+  no token type ids (ModernBERT has no token type embeddings). `transformers`' BertTokenizer uses
+  the Rust normaliser's Unicode tables; on rare characters it can split differently from
+  `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
+"""
+
+
+def hf_model_of(state_dict, config, vocab_real, ids):
+    """Our weights in the Hugging Face masked-LM class of their architecture (float32):
+    (model, class name, our keys it leaves out)."""
+    import transformers  # checked by export() before any work
+
+    if config.architecture == "modernbert":
+        hf_state, hf_config = modern_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
+                                           cls_token_id=ids["cls"], sep_token_id=ids["sep"])
+        name, dropped = MODERN_HF_ARCHITECTURE, ()
+        model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config))
+    else:
+        hf_state, hf_config = ours_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
+                                         bos_token_id=ids["cls"], eos_token_id=ids["sep"])
+        name, dropped = HF_ARCHITECTURE, HF_MISSING_KEYS
+        model = transformers.RobertaPreLayerNormForMaskedLM(transformers.RobertaPreLayerNormConfig(**hf_config))
+    result = model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ConversionError(f"the mapped weights do not fit {name}: missing {result.missing_keys}, "
+                              f"unexpected {result.unexpected_keys}")
+    return model, name, dropped
+
+
+def readme_text(config, name, tag_dir, output_dir, architecture, diff, vocab_real, pad_id, do_lower_case):
+    common = dict(name=name, checkpoint=tag_dir, folder=output_dir, architecture=architecture,
+                  diff="skipped" if diff is None else f"{diff:.2g}", vocab_real=vocab_real,
+                  vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size, lower=do_lower_case)
+    if config.architecture == "modernbert":
+        full = config.layer_types.count("full_attention")
+        return MODERN_README.format(layers=config.num_hidden_layers, full=full,
+                                    sliding=config.num_hidden_layers - full, window=config.local_attention // 2,
+                                    **common)
+    shift = pad_id + 1
+    return README.format(shift=shift, hf_positions=config.max_position_embeddings + shift,
+                         positions=config.max_position_embeddings, **common)
+
+
 def current_umask():
     mask = os.umask(0)
     os.umask(mask)
@@ -242,7 +329,8 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     """Write the Hugging Face folder; returns a dict summarising what was written. The checkpoint
     is read weights-only; `trust` (--trust_checkpoint): with the full unpickler."""
     try:
-        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM  # optional, slow to import
+        # optional, slow to import; hf_model_of builds them
+        from transformers import ModernBertForMaskedLM, RobertaPreLayerNormForMaskedLM  # noqa: F401
     except ImportError as e:
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
     present = check_output_dir(output_dir, overwrite)
@@ -269,13 +357,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
         raise ExportError(f"vocab file {vocab_file}: {e}") from None
     do_lower_case = bool((run_args or {}).get("do_lower_case", True))
 
-    hf_state, hf_config_dict = ours_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
-                                          bos_token_id=ids["cls"], eos_token_id=ids["sep"])
-    hf_model = RobertaPreLayerNormForMaskedLM(RobertaPreLayerNormConfig(**hf_config_dict))
-    result = hf_model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ConversionError(f"the mapped weights do not fit {HF_ARCHITECTURE}: missing {result.missing_keys}, "
-                              f"unexpected {result.unexpected_keys}")
+    hf_model, architecture, dropped = hf_model_of(state_dict, config, vocab_real, ids)
     diff = verify(state_dict, config, hf_model, vocab_real, ids["pad"]) if check else None
     if diff is not None:
         logger.info("Exported model matches ours: max MLM score difference %.3g", diff)
@@ -285,15 +367,11 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     staging = tempfile.mkdtemp(prefix=".export_hf.", dir=output_dir)
     try:
         hf_model.save_pretrained(staging)
-        write_tokenizer_files(staging, vocab_file, do_lower_case, config.max_position_embeddings)
-        shift = ids["pad"] + 1
+        write_tokenizer_files(staging, vocab_file, do_lower_case, config.max_position_embeddings,
+                              modern=config.architecture == "modernbert")
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-            f.write(README.format(
-                name=(job_config or {}).get("name", "bing_bert"), checkpoint=tag_dir, folder=output_dir,
-                architecture=HF_ARCHITECTURE, diff="skipped" if diff is None else f"{diff:.2g}", shift=shift,
-                hf_positions=config.max_position_embeddings + shift, positions=config.max_position_embeddings,
-                vocab_real=vocab_real, vocab_dropped=config.vocab_size - vocab_real,
-                vocab_padded=config.vocab_size, lower=do_lower_case))
+            f.write(readme_text(config, (job_config or {}).get("name", "bing_bert"), tag_dir, output_dir,
+                                architecture, diff, vocab_real, ids["pad"], do_lower_case))
         written = sorted(os.listdir(staging))
         mode = 0o666 & ~current_umask()  # safetensors writes its file 0600: readable as the umask says, like the rest
         for name in written:
@@ -301,7 +379,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    logger.info("Wrote %s (dropped: %s)", output_dir, ", ".join(HF_MISSING_KEYS))
+    logger.info("Wrote %s (dropped: %s)", output_dir, ", ".join(dropped) or "the vocab padding rows only")
     kept = [name for name in present if name not in written]
     if kept:
         logger.warning("%s: left in place, not written by this export: %s", output_dir, ", ".join(kept))

@@ -1,10 +1,14 @@
-"""Weights between our pre-LN BERT and Hugging Face's RoBERTa-PreLayerNorm, and checkpoint reading.
+"""Weights between our models and Hugging Face's: our pre-LN BERT and RoBERTa-PreLayerNorm, our
+modernbert architecture and ModernBERT; and reading an exported folder.
 
 Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrain` call it):
 - `ours_to_hf(state_dict, config, vocab_size_real)` -> (state dict of
   `RobertaPreLayerNormForMaskedLM`, its `config.json` dict);
-- `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse, and
-  `load_hf_folder(folder)` doing it for an exported folder (`is_hf_folder` recognises one);
+- `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse;
+- `modern_to_hf` / `hf_to_modern`: the same between `turing.modern.ModernForPreTraining` and
+  `ModernBertForMaskedLM` (below);
+- `load_hf_folder(folder)` doing the reverse for an exported folder of either kind
+  (`is_hf_folder` recognises one);
 (the transformer kernel's layer layout is `turing.kernel_layout`'s, reading checkpoint folders
 `turing.checkpoint`'s).
 
@@ -37,7 +41,8 @@ import torch
 
 from turing.errors import CheckpointNotFoundError, ConversionError
 from turing.jsonfile import read_json
-from turing.modeling import LAYER_NORM_EPS, BertConfig
+from turing.modeling import LAYER_NORM_EPS, BertConfig, BertConfigError
+from turing.modern import FULL, SLIDING, ModernConfig
 from turing.tokenization import vocab_size_padded
 
 logger = logging.getLogger(__name__)
@@ -270,21 +275,170 @@ def hf_to_ours(hf_state_dict, hf_config):
     return ours, config
 
 
-def is_hf_folder(path):
-    """True for a folder with a config.json of the exported architecture."""
+# ---------------------------------------------------------------------------------------------
+# The modernbert architecture <-> ModernBertForMaskedLM
+#
+# Our parameter names are transformers' under other roots (turing/modern.py): `bert.` is its
+# `model.`, `cls.head.` its `head.`, `cls.decoder.` its `decoder.` (weight tied to the token
+# embedding, bias). So the mapping renames the roots and, as for BERT, drops the vocab padding rows
+# (re-created on import as zero rows with an MLM bias of PADDED_ROW_BIAS). Nothing is dropped
+# otherwise: the model has no pooler and no NSP head. Positions are RoPE, computed from 0 at the
+# first token in both models, so there is no table to shift. The config writes transformers'
+# `layer_types` and `rope_parameters`.
+
+MODERN_MODEL_TYPE = "modernbert"
+MODERN_HF_ARCHITECTURE = "ModernBertForMaskedLM"
+_MODERN_ROOTS = (("bert.", "model."), ("cls.head.", "head."), ("cls.decoder.", "decoder."))
+_MODERN_WORD, _MODERN_DECODER, _MODERN_BIAS = ("bert.embeddings.tok_embeddings.weight", "cls.decoder.weight",
+                                               "cls.decoder.bias")
+# config keys copied as they are, both ways (transformers' names are ours)
+_MODERN_SAME_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "hidden_activation", "max_position_embeddings", "initializer_range", "initializer_cutoff_factor",
+                     "norm_eps", "norm_bias", "attention_bias", "attention_dropout", "local_attention",
+                     "embedding_dropout", "mlp_bias", "mlp_dropout", "classifier_pooling", "classifier_dropout",
+                     "classifier_bias", "classifier_activation")
+
+
+def _to_hf_key(key):
+    for ours, hf in _MODERN_ROOTS:
+        if key.startswith(ours):
+            return hf + key[len(ours):]
+    raise ConversionError(f"our state dict: key {key} is not under {', '.join(o for o, _ in _MODERN_ROOTS)}")
+
+
+def _modern_keys(config):
+    """Our keys of the modernbert model of `config`, except the three with vocab rows."""
+    def names(prefix, bias):
+        return [prefix + "weight"] + ([prefix + "bias"] if bias else [])
+    keys = names("bert.embeddings.norm.", config.norm_bias) + names("bert.final_norm.", config.norm_bias)
+    for i in range(config.num_hidden_layers):
+        layer = f"bert.layers.{i}."
+        if i > 0:
+            keys += names(layer + "attn_norm.", config.norm_bias)
+        keys += names(layer + "attn.Wqkv.", config.attention_bias) + names(layer + "attn.Wo.", config.attention_bias)
+        keys += names(layer + "mlp_norm.", config.norm_bias)
+        keys += names(layer + "mlp.Wi.", config.mlp_bias) + names(layer + "mlp.Wo.", config.mlp_bias)
+    return keys + names("cls.head.dense.", config.classifier_bias) + names("cls.head.norm.", config.norm_bias)
+
+
+def modern_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, cls_token_id=None, sep_token_id=None):
+    """Map our ModernForPreTraining weights onto ModernBertForMaskedLM.
+
+    config: our ModernConfig (vocab_size = padded embedding rows); vocab_size_real: the vocab
+    file's size (rows from there on are padding and are dropped); the token ids go to the config
+    ([CLS] is ModernBERT's bos/cls, [SEP] its eos/sep). Returns (hf_state_dict, hf_config_dict);
+    tensors keep their dtype."""
+    keys = _modern_keys(config)
+    _check_keys(state_dict, keys + [_MODERN_WORD, _MODERN_BIAS], [_MODERN_DECODER], "our state dict")
+    word = state_dict[_MODERN_WORD]
+    if tuple(word.shape) != (config.vocab_size, config.hidden_size):
+        raise ConversionError(f"{_MODERN_WORD} has shape {tuple(word.shape)}, config expects "
+                              f"({config.vocab_size}, {config.hidden_size})")
+    if not 0 < vocab_size_real <= word.shape[0]:
+        raise ConversionError(f"vocab size {vocab_size_real} does not fit the {word.shape[0]} embedding rows")
+    if _MODERN_DECODER in state_dict and not torch.equal(state_dict[_MODERN_DECODER], word):
+        raise ConversionError(f"{_MODERN_DECODER} differs from {_MODERN_WORD}: the export needs the tied decoder")
+    if not 0 <= pad_token_id < vocab_size_real:
+        raise ConversionError(f"pad_token_id {pad_token_id} is outside the vocab (size {vocab_size_real})")
+    hf = {_to_hf_key(k): state_dict[k].clone() for k in keys}
+    hf[_to_hf_key(_MODERN_WORD)] = word[:vocab_size_real].clone()
+    hf["decoder.weight"] = hf[_to_hf_key(_MODERN_WORD)]  # tied, as in the HF model
+    hf["decoder.bias"] = state_dict[_MODERN_BIAS][:vocab_size_real].clone()
+    rope = {kind: {"rope_type": "default", "rope_theta": float(config.rope_theta(kind))} for kind in (FULL, SLIDING)}
+    hf_config = {"architectures": [MODERN_HF_ARCHITECTURE], "model_type": MODERN_MODEL_TYPE,
+                 "vocab_size": int(vocab_size_real), **{k: getattr(config, k) for k in _MODERN_SAME_KEYS},
+                 "layer_types": list(config.layer_types), "rope_parameters": rope,
+                 "pad_token_id": int(pad_token_id), "decoder_bias": True, "tie_word_embeddings": True}
+    for key, value in (("bos_token_id", cls_token_id), ("cls_token_id", cls_token_id),
+                       ("eos_token_id", sep_token_id), ("sep_token_id", sep_token_id)):
+        if value is not None:
+            hf_config[key] = int(value)
+    return hf, hf_config
+
+
+def _modern_config_from_hf(cfg):
+    """Our ModernConfig (vocab_size: the padded rows) of a ModernBertConfig dict; the theta of each
+    layer type from rope_parameters (default rope only), else global_/local_rope_theta."""
+    values = {k: cfg[k] for k in _MODERN_SAME_KEYS if k in cfg}
+    if cfg.get("layer_types") is not None:
+        values["layer_types"] = list(cfg["layer_types"])
+    elif "global_attn_every_n_layers" in cfg:
+        values["global_attn_every_n_layers"] = cfg["global_attn_every_n_layers"]
+    rope = cfg.get("rope_parameters") or {}
+    for kind, key in ((FULL, "global_rope_theta"), (SLIDING, "local_rope_theta")):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ConversionError(f"Hugging Face config: rope_parameters.{kind}.rope_type "
+                                  f"{params['rope_type']!r}; only 'default' rotary embeddings map onto our model")
+        theta = params.get("rope_theta", cfg.get(key))
+        if theta is not None:
+            values[key] = theta
+    if not cfg.get("decoder_bias", True):
+        raise ConversionError("Hugging Face config: decoder_bias false; our MLM decoder has a bias")
+    if not isinstance(cfg.get("vocab_size"), int):
+        raise ConversionError(f"Hugging Face config: vocab_size must be an int, got {cfg.get('vocab_size')!r}")
+    try:
+        return ModernConfig(vocab_size_padded(cfg["vocab_size"]), **values)
+    except BertConfigError as e:
+        raise ConversionError(f"Hugging Face config: {e}") from None
+
+
+def hf_to_modern(hf_state_dict, hf_config):
+    """Map ModernBertForMaskedLM weights (as exported by `modern_to_hf`) back to ours.
+
+    hf_config: the config.json dict, its path (or folder), or a PretrainedConfig. Returns
+    (state_dict, ModernConfig): the vocab padded to a multiple of 8 with zero embedding rows and
+    MLM bias PADDED_ROW_BIAS; tensors keep their dtype."""
+    cfg = _config_dict(hf_config)
+    if cfg.get("model_type") != MODERN_MODEL_TYPE:
+        raise ConversionError(f"Hugging Face config: model_type {cfg.get('model_type')!r}, expected "
+                              f"{MODERN_MODEL_TYPE!r} (a folder written by tools/export_hf.py)")
+    config = _modern_config_from_hf(cfg)
+    keys = _modern_keys(config)
+    sd = dict(hf_state_dict)
+    word_key = _to_hf_key(_MODERN_WORD)
+    _check_keys(sd, [_to_hf_key(k) for k in keys] + [word_key, "decoder.bias"], ["decoder.weight"],
+                "Hugging Face state dict")
+    vocab_real, word = cfg["vocab_size"], sd[word_key]
+    if word.shape[0] != vocab_real:
+        raise ConversionError(f"{word_key} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
+    if "decoder.weight" in sd and not torch.equal(sd["decoder.weight"], word):
+        raise ConversionError("decoder.weight differs from the token embeddings: our MLM decoder is tied")
+    padded = config.vocab_size
+    ours = {k: sd[_to_hf_key(k)].clone() for k in keys}
+    ours[_MODERN_WORD] = torch.cat([word, word.new_zeros((padded - vocab_real, word.shape[1]))])
+    ours[_MODERN_DECODER] = ours[_MODERN_WORD]  # tied
+    bias = sd["decoder.bias"]
+    ours[_MODERN_BIAS] = torch.cat([bias, bias.new_full((padded - vocab_real,), PADDED_ROW_BIAS)])
+    return ours, config
+
+
+# ---------------------------------------------------------------------------------------------
+# Exported folders
+
+_IMPORTERS = {HF_MODEL_TYPE: hf_to_ours, MODERN_MODEL_TYPE: hf_to_modern}
+
+
+def _folder_model_type(path):
     config = os.path.join(os.fspath(path), "config.json")
     if not os.path.isfile(config):
-        return False
+        return None
     try:
         with open(config, encoding="utf-8") as f:
-            return json.load(f).get("model_type") == HF_MODEL_TYPE
-    except (OSError, ValueError):
-        return False
+            return json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_hf_folder(path):
+    """True for a folder with a config.json of an exported architecture (RoBERTa-PreLayerNorm, ModernBERT)."""
+    return _folder_model_type(path) in _IMPORTERS
 
 
 def load_hf_folder(folder):
-    """(state_dict, BertConfig) of a folder written by tools/export_hf.py (or any
-    RobertaPreLayerNormForMaskedLM saved with safetensors), via `hf_to_ours`."""
+    """(state_dict, config) of a folder written by tools/export_hf.py (or any
+    RobertaPreLayerNormForMaskedLM or ModernBertForMaskedLM saved with safetensors), via
+    `hf_to_ours` (a BertConfig) or `hf_to_modern` (a ModernConfig), as its model_type says."""
     folder = os.fspath(folder)
     single = os.path.join(folder, "model.safetensors")
     index = os.path.join(folder, "model.safetensors.index.json")
@@ -315,6 +469,6 @@ def load_hf_folder(folder):
             raise ConversionError(f"{path}: not a complete safetensors file ({os.path.getsize(path)} bytes: {e}); "
                                   "export it again") from None
     try:
-        return hf_to_ours(hf_state, folder)
+        return _IMPORTERS.get(_folder_model_type(folder), hf_to_ours)(hf_state, folder)
     except ConversionError as e:
         raise ConversionError(f"{folder}: {e}") from None
