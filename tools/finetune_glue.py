@@ -21,7 +21,9 @@ DIR holds train.tsv and dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv) in G
 
 The model is our pre-LN encoder with the original's pooler (from PATH where it has one, fresh
 otherwise) and a fresh linear head on the pooled [CLS] output, as the original BingBertGlue's
-BertForSequenceClassification. The protocol is cramming's "GLUE-sane" one: the same
+BertForSequenceClassification. A checkpoint or export of the modernbert architecture
+(turing/modern.py) gets transformers' ModernBertForSequenceClassification's head instead: a fresh
+dense + act + norm on the [CLS] (or mean) output, then dropout and the linear head. The protocol is cramming's "GLUE-sane" one: the same
 hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases and
 LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
 gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
@@ -80,12 +82,12 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
 from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
 from tools.export_hf import ExportError, find_vocab_file
 from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
-from turing.glue import (TASKS, BertForSequenceClassification, GlueError, collapse, collate,
-                         compute_metrics, encode, find_task, label_string, majority_baseline,
-                         read_examples, results_table, task_score, tasks_in)
+from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
+                         majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
 from turing.hf_convert import is_hf_folder, load_hf_folder
 from turing.jsonfile import read_json
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
 from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
 from utils import set_seeds
 
@@ -217,7 +219,7 @@ class stop_on_signals:
 @dataclasses.dataclass
 class ModelSource:
     path: str
-    config: BertConfig    # sizes; vocab_size = the vocab file's size rounded up to 8
+    config: object        # BertConfig or ModernConfig: sizes; vocab_size = the vocab file's size rounded up to 8
     vocab_file: str
     do_lower_case: bool
 
@@ -231,7 +233,7 @@ def _bert_config(job_config, source):
     if not job_config or "bert_model_config" not in job_config:
         raise GlueError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
     try:
-        return BertConfig.from_dict(job_config["bert_model_config"])
+        return model_config_from_dict(job_config["bert_model_config"])
     except BertConfigError as e:
         raise GlueError(f"{source}: {e}") from None
 
@@ -267,15 +269,14 @@ def build_model(source, num_labels, random_init):
     """The classifier, initialised from the current torch RNG state, then (unless random_init)
     loaded with --model's weights. The encoder is built through the pretraining model, so a
     random-init baseline starts exactly where pretraining started."""
-    pretraining = BertForPreTrainingPreLN(source.config)
+    pretraining = pretraining_model(source.config)
     if not random_init:
         # load_pretrained_weights reads the three kinds of --model, checks every shape against
         # the config and allows only the pooler and NSP head to be absent (a Hugging Face export).
         load_args = SimpleNamespace(config={"bert_model_file": source.path}, data_path_prefix="",
                                     config_file="--model")
         load_pretrained_weights(load_args, pretraining)
-    return BertForSequenceClassification(pretraining.bert, num_labels, source.config.hidden_dropout_prob,
-                                         source.config.initializer_range)
+    return sequence_classifier(pretraining, source.config, num_labels)
 
 
 # ---------------------------------------------------------------------------------------------

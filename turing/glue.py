@@ -14,6 +14,9 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
 - `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
   classification (or, with one output, regression) head; the original BingBertGlue model's
   module tree, so its state-dict keys are `bert.*` and `classifier.*`;
+  `ModernForSequenceClassification` the same on the modernbert encoder (a fresh prediction head
+  on the pooled output, as transformers' ModernBertForSequenceClassification);
+  `sequence_classifier` picks the one of a pretraining model's architecture;
 - `load_run` / `load_results` / `results_table`: results.json files (checked) and the text table
   of one or more runs.
 
@@ -36,6 +39,7 @@ from torch import nn
 from turing.dataset import truncate_pair
 from turing.jsonfile import read_json
 from turing.modeling import Dropout
+from turing.modern import ModernPredictionHead, trunc_normal_
 
 logger = logging.getLogger(__name__)
 
@@ -351,6 +355,47 @@ class BertForSequenceClassification(nn.Module):
     def predictions(logits):
         """Class indices, or the scores themselves for regression."""
         return logits.float() if logits.dim() == 1 else logits.argmax(-1)
+
+
+class ModernForSequenceClassification(BertForSequenceClassification):
+    """`bert` (our modernbert `ModernEncoder`) + pooling ([CLS], or the mean over real tokens:
+    the config's classifier_pooling) + a fresh prediction head (dense, act, norm) + dropout
+    (classifier_dropout) + a linear head, as transformers' ModernBertForSequenceClassification;
+    the linear head starts at its init (truncated normal, std hidden_size ** -0.5, zero bias)."""
+
+    def __init__(self, bert, num_labels, config):
+        nn.Module.__init__(self)
+        self.num_labels = num_labels
+        self.pooling = config.classifier_pooling
+        self.bert = bert
+        self.head = ModernPredictionHead(config)
+        out_std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
+        trunc_normal_(self.head.dense.weight, out_std, config.initializer_cutoff_factor)
+        self.dropout = Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        trunc_normal_(self.classifier.weight, config.hidden_size ** -0.5, config.initializer_cutoff_factor)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, input_ids, input_mask, segment_ids):
+        """(B, L) ids -> (B, num_labels) logits, or (B,) scores for regression (segment ids unread)."""
+        sequence = self.bert(input_ids, input_mask)  # (B, L, H)
+        if self.pooling == "cls":
+            pooled = sequence[:, 0]
+        else:
+            weights = input_mask.to(sequence.dtype).unsqueeze(-1)
+            pooled = (sequence * weights).sum(1) / weights.sum(1)
+        logits = self.classifier(self.dropout(self.head(pooled)))
+        return logits.squeeze(-1) if self.num_labels == 1 else logits
+
+
+def sequence_classifier(pretraining, config, num_labels):
+    """The fine-tuning model on `pretraining.bert` (the encoder of a pretraining model of
+    `config`'s architecture): BERT's pooler + head (dropout hidden_dropout_prob), or the
+    modernbert classifier."""
+    if config.architecture == "modernbert":
+        return ModernForSequenceClassification(pretraining.bert, num_labels, config)
+    return BertForSequenceClassification(pretraining.bert, num_labels, config.hidden_dropout_prob,
+                                         config.initializer_range)
 
 
 # ---------------------------------------------------------------------------------------------
