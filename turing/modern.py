@@ -101,21 +101,23 @@ class ModernConfig:
         self.vocab_size = vocab_size
         for key, default in self.DEFAULTS.items():
             setattr(self, key, copy.deepcopy(values.get(key, default)))
-        if self.layer_types is None and isinstance(self.global_attn_every_n_layers, int) \
-                and isinstance(self.num_hidden_layers, int):
-            self.layer_types = [SLIDING if i % self.global_attn_every_n_layers else FULL
-                                for i in range(self.num_hidden_layers)] if self.global_attn_every_n_layers > 0 else None
+        self._validate_sizes()
+        if self.layer_types is None:  # full attention in layers 0, n, 2n, ... (transformers' rule)
+            every = self.global_attn_every_n_layers
+            self.layer_types = [SLIDING if i % every else FULL for i in range(self.num_hidden_layers)]
         self._validate()
 
     def _fail(self, message):
         raise BertConfigError(f"bert_model_config (architecture {ARCHITECTURE}): {message}")
 
-    def _validate(self):
+    def _validate_sizes(self):
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "max_position_embeddings", "global_attn_every_n_layers", "local_attention"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 self._fail(f"{key} must be a positive int, got {value!r}")
+
+    def _validate(self):
         if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
             self._fail(f"hidden_size {self.hidden_size} must be num_attention_heads {self.num_attention_heads} "
                        f"x an even head size (rotary embeddings rotate pairs)")
