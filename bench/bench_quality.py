@@ -53,6 +53,11 @@ RECIPES = {
     "demo": {"cf": "configs/demo/bert_config.json", "ds": "configs/demo/ds_config.json",
              "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "52"],
              "validation_every_steps": 100},
+    # The demo's recipe with the modernbert block (configs/demo_modern: 2 x 256, RoPE, GeGLU with
+    # the original FFN's parameter count, no biases, a full and a sliding-window layer).
+    "demo_modern": {"cf": "configs/demo_modern/bert_config.json", "ds": "configs/demo_modern/ds_config.json",
+                    "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "52"],
+                    "validation_every_steps": 100},
 }
 
 
