@@ -233,3 +233,31 @@ def test_hf_export_scores_as_the_checkpoint_and_as_stock_transformers(tiny, tmp_
             log_probs = torch.log_softmax(logits[torch.arange(n), torch.arange(n) + 1].double(), -1)
             stock.append(log_probs[torch.arange(n), ids[0, 1:-1]].sum().item())
     np.testing.assert_allclose(stock, ours, rtol=0, atol=1e-4)
+
+
+def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, capsys):
+    from tools import quality_table
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs())
+    validation = os.path.join(tiny["root"], "nvidia", "128", "validation")
+    for name, extra in (("pretrained", []), ("random", ["--random_init", "--seed", "1"])):
+        assert eval_mlm.main(["--model", tiny["job"], "--pairs", pairs, "--validation_set", validation,
+                              "--output_dir", str(tmp_path / name), *extra]) == 0
+    random_results = json.load(open(tmp_path / "random" / "results.json"))
+    assert random_results["random_init"] and random_results["seed"] == 1
+    capsys.readouterr()
+    assert quality_table.main(["--pretrained", str(tmp_path / "pretrained"), "--random_init",
+                               str(tmp_path / "random"), "--output", str(tmp_path / "quality.json")]) == 0
+    printed = capsys.readouterr().out
+    doc = json.load(open(tmp_path / "quality.json"))
+    for name in ("pretrained", "random_init"):
+        entry = doc["minimal_pairs"][name]
+        assert set(entry["by_kind"]) == {"longer", "reverse"} and entry["pairs"] == 12
+        assert entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]
+        assert 0 <= doc["validation_mlm"][name]["accuracy"] <= 1
+    assert doc["minimal_pairs"]["pretrained_above_random_init"] == (
+        doc["minimal_pairs"]["pretrained"]["ci95"][0] > doc["minimal_pairs"]["random_init"]["ci95"][1])
+    assert doc["validation_mlm"]["unigram_baseline"]["accuracy"] > 0
+    assert "unigram baseline" in printed and "random init" in printed and "reverse" in printed
+    assert quality_table.main(["--pretrained", str(tmp_path / "nowhere"), "--random_init", str(tmp_path)]) == 2
+    assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err
