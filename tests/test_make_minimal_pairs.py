@@ -126,3 +126,23 @@ def test_existing_output_is_refused_or_replaced_with_a_warning(corpus, tmp_path,
     assert f"replacing {out} (1 lines)" in caplog.text
     assert mmp.main(["--input", str(tmp_path / "nowhere.txt"), "--output", str(tmp_path / "x.jsonl")]) == 2
     assert "nowhere.txt: no such file or folder" in capsys.readouterr().err
+
+
+def test_the_demo_and_bench_quality_make_the_same_pairs_from_the_shards_hold_out():
+    """scripts/demo.sh and bench/bench_quality.py make the pairs with the same flags, and their
+    --validation_fraction is the one scripts/prepare_demo_data.sh holds documents out with."""
+    import os
+
+    from bench.bench_quality import MINIMAL_PAIRS_FLAGS
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def flags_of(script, tool):
+        text = open(os.path.join(repo, "scripts", script)).read()
+        return " ".join(text.split(tool, 1)[1].split("\n\n", 1)[0].split("\\\n")).split()
+
+    demo = flags_of("demo.sh", "tools.make_minimal_pairs")
+    for name, value in zip(MINIMAL_PAIRS_FLAGS[::2], MINIMAL_PAIRS_FLAGS[1::2]):
+        assert demo[demo.index(name) + 1] == value, name
+    shards = flags_of("prepare_demo_data.sh", "--output_dir \"$WORK/nvidia\"")
+    assert shards[shards.index("--validation_fraction") + 1] == demo[demo.index("--validation_fraction") + 1]
