@@ -261,3 +261,18 @@ def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, 
     assert "unigram baseline" in printed and "random init" in printed and "reverse" in printed
     assert quality_table.main(["--pretrained", str(tmp_path / "nowhere"), "--random_init", str(tmp_path)]) == 2
     assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err
+
+
+def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
+    """A model states file that only the full unpickler reads (an object beside the tensors) is
+    refused with one line; nothing in it runs."""
+    import argparse
+    import shutil
+
+    tag = tmp_path / "job" / "step3"
+    shutil.copytree(tiny["tag"], tag)
+    state = torch.load(tag / MODEL_STATES_FILE, weights_only=True)
+    torch.save({**state, "args": argparse.Namespace(lr=1)}, tag / MODEL_STATES_FILE)
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(2))
+    line = _error_line(capsys, ["--model", str(tag), "--pairs", pairs, "--output_dir", str(tmp_path / "out")])
+    assert "does not load with torch.load(weights_only=True)" in line and "not unpickled" in line
