@@ -444,7 +444,7 @@ def score_validation_set(scorer, path, dataset=None, max_seq_length=128, max_pre
         raise EvalError(f"--validation_set {path}: no masked token in it")
     loss = loss_sum / len(labels)
     return {"path": path, "sequences": sequences, "masked_tokens": len(labels),
-            "method": "the set's own masked positions (15%, 80/10/10), as the trainer validates",
+            "method": "its own masks, as the trainer validates",
             "accuracy": correct / len(labels), "loss": loss, "perplexity": math.exp(loss),
             "unigram": unigram_baseline(labels, scorer.tokenizer.ids_to_tokens)}
 

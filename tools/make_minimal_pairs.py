@@ -50,9 +50,8 @@ from turing.tokenization import BertTokenizer
 logger = logging.getLogger(__name__)
 
 KINDS = ("swap", "shuffle", "repeat", "replace")
-DESCRIPTIONS = {"swap": "two adjacent inner words swapped", "shuffle": "the inner words shuffled",
-                "repeat": "an inner word repeated in place of the next word",
-                "replace": "an inner word replaced by a word of the same frequency"}
+DESCRIPTIONS = {"swap": "adjacent words swapped", "shuffle": "inner words shuffled",
+                "repeat": "a word repeated over the next", "replace": "a word replaced, same frequency"}
 FREQUENCY_NEIGHBOURS = 3   # replace: candidates are this many words on each side in the frequency ranking
 
 

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from tools.make_minimal_pairs import DESCRIPTIONS
+from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
 from turing.jsonfile import read_json
 
 COLUMNS = ("pretrained", "random_init")
@@ -71,7 +71,7 @@ def table(doc):
         if name in doc:
             v = doc[name]
             uni = v["unigram_baseline"]
-            lines += [f"{what} ({v['method']}; {v['tokens']:,} tokens):",
+            lines += [f"{what}, {v['tokens']:,} masked tokens ({v['method']}):",
                       f"  MLM accuracy   pretrained {100 * v['pretrained']['accuracy']:5.1f}%   random init "
                       f"{100 * v['random_init']['accuracy']:5.1f}%   unigram baseline {100 * uni['accuracy']:5.1f}% "
                       f"(always '{uni['most_frequent_token']}')",
@@ -79,10 +79,11 @@ def table(doc):
                       f"{v['random_init']['perplexity']:6.0f}   unigram baseline {uni['perplexity']:6.0f}"]
     if "minimal_pairs" in doc:
         mp = doc["minimal_pairs"]
-        kinds = list(mp["pretrained"]["by_kind"])
-        described = {k: f"{k} ({DESCRIPTIONS[k]})" if k in DESCRIPTIONS else k for k in kinds}
+        # make_minimal_pairs' kinds in its order, then any other UIDs (BLiMP's) as they come
+        kinds = sorted(mp["pretrained"]["by_kind"], key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS))
+        described = {k: f"{k:<8} {DESCRIPTIONS[k]}" if k in DESCRIPTIONS else k for k in kinds}
         width = max(len("all"), *(len(d) for d in described.values()))
-        lines += ["minimal pairs: is a held-out sentence more likely than its corrupted twin? "
+        lines += ["minimal pairs: is a held-out sentence more likely than its corrupted twin?",
                   "(accuracy x100 [95% interval]; chance 50)",
                   f"{'kind':<{width}}  pairs  {'pretrained':<18}  random init"]
         for k in kinds:
