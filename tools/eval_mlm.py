@@ -18,8 +18,8 @@ Scores
   tokens (the model's padding rows, which no export keeps, are left out), so a checkpoint and its
   Hugging Face export give the same numbers.
 - --pairs: minimal pairs in BLiMP's jsonl layout (Warstadt et al. 2020), one JSON object a line
-  with `sentence_good`, `sentence_bad`, `UID` and `pairID` (other fields are ignored), so BLiMP's
-  files work as distributed. A pair is correct when PLL(good) > PLL(bad) (a tie is wrong).
+  with `sentence_good`, `sentence_bad`, `UID` and `pairID` (other fields are ignored): the layout
+  of BLiMP's files as distributed. A pair is correct when PLL(good) > PLL(bad) (a tie is wrong).
   Accuracy overall and per UID, each with its 95% Wilson interval. A sentence longer than the
   model's positions allow is refused by name, never cut.
 - --text: plain text, one sentence (or any piece of text) a line, blank lines ignored. Every token
@@ -58,11 +58,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from bing_bert_dataset_provider import BingBertDatasetProvider
-from deepspeed_train import InputError, load_pretrained_weights
+from deepspeed_train import load_pretrained_weights
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from tools.finetune_glue import model_source
 from turing.batch import Batch, collate_batch
 from turing.checkpoint import resolve_checkpoint_tag_dir, step_of
+from turing.errors import InputError
 from turing.hf_convert import is_hf_folder
 from turing.modeling import BertForPreTrainingPreLN
 from turing.tokenization import BertTokenizer, special_token_ids, vocab_size

@@ -8,8 +8,8 @@ for tools/eval_mlm.py.
 CORPUS: one sentence per line, a blank line between documents (the format of
 tools/prepare_data.py). Each line of FILE.jsonl is a pair, `sentence_good` (a sentence of a
 held-out document, as written) and `sentence_bad` (the same sentence corrupted), with `UID` = the
-kind of corruption, `pairID` (its number within the kind), `lexically_identical` (the same words
-in both) and `document` (the document's number in the corpus, from 0):
+kind of corruption, `pairID` (its number within the kind), `linguistics_term` (the kind in words,
+as BLiMP's field), `lexically_identical` (the same words in both) and `document` (the document's number in the corpus, from 0, as the split counts them):
 
 - swap:    two adjacent inner words swapped;
 - shuffle: the inner words put in another random order;
@@ -43,8 +43,8 @@ import sys
 from collections import Counter
 
 from tools.make_probe_tasks import split_documents
-from tools.prepare_data import DocumentReader, build_parser as prepare_data_parser, is_validation_document, \
-    list_input_files
+from tools.prepare_data import DocumentReader, is_validation_document, list_input_files
+from tools.prepare_data import build_parser as prepare_data_parser
 from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger(__name__)
