@@ -399,8 +399,9 @@ def start_session(cfg, model, optimizer, validation_set=None):
                         lambda: peak_tflops(model.network.device, precision_of(cfg.ds_config), cfg.peak_tflops))
     checkpointer = Checkpointer(cfg, model.network, clock, before_write=lambda: reporter.flush(to_disk=True))
     validator = Validator(cfg, validation_set, clock, reporter)
-    model.session = Session(cfg, model, optimizer, state, clock, reporter, checkpointer, validator, StopSignals())
-    return model.session
+    session = Session(cfg, model, optimizer, state, clock, reporter, checkpointer, validator, StopSignals())
+    model.session = session
+    return session
 
 
 # ---------------------------------------------------------------------------------------------
