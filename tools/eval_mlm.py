@@ -57,6 +57,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from deepspeed_train import load_pretrained_weights
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider

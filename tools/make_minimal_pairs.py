@@ -42,6 +42,9 @@ import random
 import sys
 from collections import Counter
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from tools.make_probe_tasks import split_documents
 from tools.prepare_data import DocumentReader, is_validation_document, list_input_files
 from tools.prepare_data import build_parser as prepare_data_parser

@@ -16,6 +16,9 @@ import json
 import os
 import sys
 
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
 from turing.jsonfile import read_json
 
