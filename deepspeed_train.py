@@ -37,14 +37,16 @@ from turing.checkpoint import load_checkpoint_state, read_state_dict_file, resum
 from turing.checkpointer import Checkpointer, JobLock, check_output_shared, resume_source, universal_source, \
     write_engine_checkpoint
 from turing.clock import TrainClock
-from turing.distributed import agreed_min, all_reduce, is_collective_failure, setup_process_group
+from turing.distributed import agreed_min, all_ranks, all_reduce, is_collective_failure, setup_process_group
 from turing.errors import InputError, StopTraining
 from turing.flops import bert_training_flops, peak_tflops
 from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
 from turing.kernel_layout import to_transformer_kernel_layout
+from turing.kernel_probe import check_transformer_kernel
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
 from turing.lr_schedule import lr_factor
-from turing.modeling import masked_lm_loss_of_scores, precision_of, pretraining_loss
+from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of, pretraining_loss,
+                             transformer_kernel_settings)
 from turing.models import BertMultiTask
 from turing.reporting import Reporter, write_metrics
 from turing.run_config import RunConfig, RunState, complete_arguments
@@ -121,6 +123,8 @@ def train_job(args):
     check_output_shared(cfg)
     with JobLock(cfg):  # before anything else is written there
         cfg.model.check()                # e.g. the CUDA-only transformer kernel, before any work
+        if cfg.model.deepspeed_transformer_kernel:
+            probe_transformer_kernel(cfg)
         check_optimizer_support(cfg)     # 1-bit / fp16 / offload need CUDA
         provider = build_provider(cfg)   # opens and checks the data before the model is built
         try:
@@ -232,6 +236,21 @@ def check_optimizer_support(cfg):
             raise InputError(f"{path}: zero_optimization.{key} (device '{device}') moves ZeRO states out of GPU "
                              f"memory, and needs a CUDA GPU; on this machine the states are in host memory already: "
                              f"remove the block")
+
+
+def probe_transformer_kernel(cfg):
+    """--deepspeed_transformer_kernel: one layer of the run's sizes in a child process (rank 0 of
+    each node), before any rank builds the model; a crash there refuses the flag on every rank."""
+    refusal = None
+    if cfg.ranks.is_node_main:
+        config = BertConfig.from_dict(cfg.config["bert_model_config"])
+        try:
+            check_transformer_kernel(transformer_kernel_settings(config, cfg.model))
+        except InputError as e:
+            refusal = str(e)
+    refusal = next((r for r in all_ranks(refusal) if r), None)
+    if refusal:
+        raise InputError(refusal)
 
 
 def build_model_and_engine(cfg):
@@ -382,8 +401,9 @@ def start_session(cfg, model, optimizer, validation_set=None):
                         lambda: peak_tflops(model.network.device, precision_of(cfg.ds_config), cfg.peak_tflops))
     checkpointer = Checkpointer(cfg, model.network, clock, before_write=lambda: reporter.flush(to_disk=True))
     validator = Validator(cfg, validation_set, clock, reporter)
-    model.session = Session(cfg, model, optimizer, state, clock, reporter, checkpointer, validator, StopSignals())
-    return model.session
+    session = Session(cfg, model, optimizer, state, clock, reporter, checkpointer, validator, StopSignals())
+    model.session = session
+    return session
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ recipe trains with). The script reads back what the training run logs by itself:
 validations), and reports
 
 - each run's curve (step, training minutes, accuracy) as a JSON line in --output,
-- a table of accuracy at whole minutes (linear between validation points),
+- a table of accuracy at whole minutes (linear between validation points), and beside it the
+  zero-shot minimal-pair accuracy of each run's final checkpoint with its 95% interval
+  (tools/eval_mlm.py on WORK/minimal_pairs.jsonl, the demo's pairs from the documents held out of
+  the shards; made once, as scripts/demo.sh makes them),
 - time to quality: the minutes each recipe needs to reach the baseline recipe's final
   accuracy, and the ratio to the baseline's own time (the baseline trains --baseline_factor
   times the budget, so a 2x faster recipe can be seen reaching it within the budget),
@@ -23,6 +26,7 @@ validations), and reports
 """
 import argparse
 import datetime
+import json
 import logging
 import os
 import shlex
@@ -80,9 +84,35 @@ def parse_args(argv=None):
     return args
 
 
+# The demo's minimal pairs: keep in step with scripts/demo.sh (the --validation_fraction is
+# scripts/prepare_demo_data.sh's, so the pairs come from documents no recipe trains on).
+MINIMAL_PAIRS_FLAGS = ["--validation_fraction", "0.05", "--pairs_per_kind", "250"]
+
+
 def ensure_data(work):
     if not os.path.isfile(os.path.join(work, "nvidia", "vocab.txt")):
         subprocess.run(["bash", os.path.join(REPO, "scripts", "prepare_demo_data.sh"), work], check=True)
+    pairs = os.path.join(work, "minimal_pairs.jsonl")
+    if not os.path.isfile(pairs):
+        subprocess.run([sys.executable, "-m", "tools.make_minimal_pairs", "--input", os.path.join(work, "corpus.txt"),
+                        "--output", pairs, "--vocab_file", os.path.join(work, "nvidia", "vocab.txt")]
+                       + MINIMAL_PAIRS_FLAGS, cwd=REPO, check=True)
+    return pairs
+
+
+def minimal_pairs(checkpoint, pairs, out):
+    """Zero-shot minimal-pair accuracy of a run's final checkpoint (tools/eval_mlm.py):
+    {"accuracy", "ci95", "pairs", "by_uid": {kind: accuracy}}."""
+    results_dir = os.path.join(out, "eval_mlm")
+    with open(os.path.join(out, "eval_mlm.log"), "w") as log:
+        result = subprocess.run([sys.executable, "-m", "tools.eval_mlm", "--model", checkpoint, "--pairs", pairs,
+                                 "--output_dir", results_dir], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"error: tools/eval_mlm.py failed on {checkpoint}; see {os.path.join(out, 'eval_mlm.log')}")
+    with open(os.path.join(results_dir, "results.json")) as f:
+        mp = json.load(f)["minimal_pairs"]
+    return {"accuracy": round(mp["accuracy"], 5), "ci95": [round(x, 5) for x in mp["ci95"]], "pairs": mp["pairs"],
+            "by_uid": {uid: round(e["accuracy"], 5) for uid, e in mp["by_uid"].items()}}
 
 
 def train(recipe, seed, minutes, work, out):
@@ -146,15 +176,17 @@ def summarize(records):
     last = max(max((m for _, m, _ in r["curve"]), default=0) for r in records)
     minutes = list(range(1, int(last) + 1))
     lines = ["| recipe | seed | load (1-min avg, start/end) | samples/s | "
-             + " | ".join(f"{m} min" for m in minutes) + " | final (min) |",
-             "|---|---|---|---|" + "---|" * len(minutes) + "---|"]
+             + " | ".join(f"{m} min" for m in minutes) + " | final (min) | minimal pairs, final [95%] |",
+             "|---|---|---|---|" + "---|" * len(minutes) + "---|---|"]
     for r in records:
         cells = [accuracy_at(r["curve"], m) for m in minutes]
         final_min, final_acc = (r["curve"][-1][1], r["curve"][-1][2]) if r["curve"] else (0, 0)
+        mp = r.get("minimal_pairs")
+        pairs = f"{100 * mp['accuracy']:.1f}% [{100 * mp['ci95'][0]:.1f}, {100 * mp['ci95'][1]:.1f}]" if mp else ""
         lines.append(f"| {r['recipe']} | {r['seed']} | {r['loadavg_start'][0]:.2f} / {r['loadavg_end'][0]:.2f} | "
                      f"{r['samples_per_s'] or 0:.1f} | "
                      + " | ".join("" if c is None else f"{100 * c:.1f}%" for c in cells)
-                     + f" | {100 * final_acc:.1f}% ({final_min:.1f}) |")
+                     + f" | {100 * final_acc:.1f}% ({final_min:.1f}) | {pairs} |")
     baseline = records[0]["recipe"]
     lines.append("")
     for seed in sorted({r["seed"] for r in records}):
@@ -176,7 +208,7 @@ def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     work = os.path.abspath(args.work)
-    ensure_data(work)
+    pairs = ensure_data(work)
     records, run_dirs = [], []
     for seed in args.seeds:
         for i, recipe in enumerate(args.recipes):
@@ -186,12 +218,13 @@ def main(argv=None):
             command, wall, load_start, load_end = train(recipe, seed, minutes, work, out)
             run_dir = os.path.join(out, "runs", f"{recipe}_seed{seed}")
             curve, rate = read_curve(run_dir)
+            checkpoint = os.path.join(out, "saved_models", f"{recipe}_seed{seed}")
             run_dirs.append(run_dir)
             records.append({
                 "bench": "quality", "date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "machine": machine_description(), "recipe": recipe, "seed": seed, "budget_minutes": minutes,
                 "command": command, "wall_s": round(wall, 1), "loadavg_start": load_start, "loadavg_end": load_end,
-                "samples_per_s": rate, "curve": curve})
+                "samples_per_s": rate, "curve": curve, "minimal_pairs": minimal_pairs(checkpoint, pairs, out)})
             logger.info("%s seed %d: %s", recipe, seed, curve[-1] if curve else "no validation point")
     append_json_lines(args.output, records)
     print(summarize(records))

@@ -3,13 +3,15 @@
 # Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh); pretrain a
 # small BERT through the deepspeed launcher with the demo's recipe (configs/demo: 2 layers, 40% masking,
 # MLM only, warmup-stable-decay, no dropout); write its plot and print its validation MLM
-# accuracy; then fine-tune it and a randomly initialised twin on the offline probe suite and
-# print both scores side by side (what pretraining bought).
+# accuracy; then score it and a randomly initialised twin, without fine-tuning, on minimal pairs
+# from held-out documents and on the validation set, and print both side by side with the
+# unigram baseline (what pretraining bought).
 # Re-running it resumes (or, once finished, leaves) the run in WORK/out; remove that folder for
 # a fresh one. Usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${1:-demo_run}
+WORK=demo_run
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then WORK=$1; shift; fi   # a first argument that is no flag is the folder
 PY=${PYTHON:-python3}
 bash scripts/setup.sh
 bash scripts/prepare_demo_data.sh "$WORK"
@@ -19,26 +21,30 @@ $launcher --num_gpus 1 deepspeed_train.py \
   --cf configs/demo/bert_config.json --deepspeed --deepspeed_config configs/demo/ds_config.json \
   --use_nvidia_dataset --data_path_prefix "$WORK" --validation_data_path_prefix "$WORK" \
   --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 52 --lr_schedule WSD \
-  --validation_every_steps 100 --print_steps 20 --auto_resume "${@:2}"
+  --validation_every_steps 100 --print_steps 20 --auto_resume "$@"
 "$PY" -m tools.plot_run "$WORK/out/runs/demo_bert" --output "$WORK/out/demo_loss.png"
 
-# The probe suite (tools/make_probe_tasks.py): small GLUE-layout tasks from the same corpus,
-# fine-tuned briefly (sizes cut to about a minute on 2 cores; the GLUE protocol's defaults
-# are for real tasks). Redone only when the checkpoint is newer than the last scores.
+# Zero-shot quality, no fine-tuning: minimal pairs (tools/make_minimal_pairs.py) from the documents
+# held out of the pretraining shards (the --validation_fraction of scripts/prepare_demo_data.sh:
+# keep the two in step), scored by pseudo-log-likelihood (tools/eval_mlm.py) with the checkpoint
+# and with a randomly initialised twin, and the validation set's MLM accuracy beside the unigram
+# baseline; tools/quality_table.py prints them side by side and writes WORK/quality.json.
+# Redone only when the checkpoint is newer than the last scores.
 CKPT="$WORK/out/saved_models/demo_bert"
-if [ ! -d "$WORK/probe" ]; then
-  "$PY" -m tools.make_probe_tasks --input "$WORK/corpus.txt" --output_dir "$WORK/probe" \
-    --train_size 400 --dev_size 400 --max_words 20
+PAIRS="$WORK/minimal_pairs.jsonl"
+if [ ! -f "$PAIRS" ]; then
+  "$PY" -m tools.make_minimal_pairs --input "$WORK/corpus.txt" --output "$PAIRS" --validation_fraction 0.05 \
+    --vocab_file "$WORK/nvidia/vocab.txt" --pairs_per_kind 250 > /dev/null
 fi
-for init in pretrained random; do
-  if [ ! "$WORK/probe_$init/results.json" -nt "$CKPT/latest" ]; then
-    # the log (stdout and stderr) goes to the file; on failure its last lines are shown
-    "$PY" -m tools.finetune_glue --model "$CKPT" --task all --data_dir "$WORK/probe" \
-      --output_dir "$WORK/probe_$init" --overwrite --seeds 1 --epochs 3 --lr 1e-3 --max_seq_length 32 \
-      $([ "$init" = random ] && echo --random_init) > "$WORK/probe_$init.log" 2>&1 \
-      || { tail -n 5 "$WORK/probe_$init.log"; exit 1; }
+for init in pretrained random_init; do
+  if [ ! "$WORK/quality_$init/results.json" -nt "$CKPT/latest" ]; then
+    if [ "$init" = random_init ]; then flags=(--random_init); else flags=(--tensorboard_dir "$WORK/out/runs/demo_bert"); fi
+    "$PY" -m tools.eval_mlm --model "$CKPT" --pairs "$PAIRS" --validation_set "$WORK/nvidia/validation" \
+      --output_dir "$WORK/quality_$init" "${flags[@]}" > "$WORK/quality_$init.log" 2>&1 \
+      || { cat "$WORK/quality_$init.log" >&2; exit 1; }
   fi
 done
-echo "probe suite (dev accuracy x100; $WORK/probe_*/results.json):"
-"$PY" -m tools.glue_table pretrained="$WORK/probe_pretrained" "random init"="$WORK/probe_random"
+echo "quality of $CKPT beside a randomly initialised twin ($WORK/quality.json):"
+"$PY" -m tools.quality_table --pretrained "$WORK/quality_pretrained" --random_init "$WORK/quality_random_init" \
+  --output "$WORK/quality.json"
 echo "checkpoint: $CKPT   plot: $WORK/out/demo_loss.png   Hugging Face export: see README"

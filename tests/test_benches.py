@@ -61,3 +61,28 @@ def test_bench_prepare(tmp_path):
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(REPO, "bench")) if f.startswith("bench_")))
 def test_every_bench_has_its_smoke_test(script):
     assert f"test_{script[:-3]}" in globals(), f"bench/{script} has no smoke test here"
+
+
+def test_bench_quality(tmp_path):
+    """The demo data made as the bench makes it, with a few minimal pairs (the bench's 1,000 take
+    a minute to score), one recipe for a few seconds of training."""
+    work = tmp_path / "work"
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "prepare_demo_data.sh"), str(work)], cwd=REPO, check=True,
+                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "tools.make_minimal_pairs", "--input", str(work / "corpus.txt"), "--output",
+                    str(work / "minimal_pairs.jsonl"), "--validation_fraction", "0.05", "--pairs_per_kind", "5"],
+                   cwd=REPO, check=True, capture_output=True)
+    out = bench(tmp_path, "bench_quality.py", "--work", work, "--recipes", "demo", "--minutes", 0.05,
+                "--output", tmp_path / "quality.jsonl")
+    (record,) = json_lines(tmp_path / "quality.jsonl")
+    assert record["recipe"] == "demo" and "| demo |" in out
+
+
+def test_bench_train_gpu(tmp_path):
+    """The prepared GPU job's pipeline with --tiny on the CPU: data made there, one run through
+    the launcher read back from its TensorBoard scalars, the pure step beside it."""
+    out = bench(tmp_path, "bench_train_gpu.py", "--out", tmp_path / "gpu", "--tiny", "--minutes", 5)
+    (record,) = json_lines(tmp_path / "gpu" / "train_gpu.jsonl")
+    assert record["exit_code"] == 0 and record["samples_per_s"] > 0 and 0 < record["mfu"]
+    assert record["pure_step_samples_per_s"] > 0 and record["trainer_over_pure_step"] > 0
+    assert "fp32_adamw_tiny" in out

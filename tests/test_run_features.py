@@ -223,3 +223,32 @@ def test_training_time_leaves_out_validation_and_checkpoint_writes(data_root, tm
     assert 0 < saved["train_seconds"] < 4
     minutes = scalars(out)[0]["Validation/train_minutes"]
     assert [s for s, _ in minutes] == [4, 8] and minutes[1][1] * 60 < 4
+
+
+def test_a_finished_run_resumed_says_there_is_nothing_to_do(data_root, tmp_path, capsys):
+    ds = ds_config(tmp_path)
+    train(data_root, tmp_path / "out", ds)
+    capsys.readouterr()
+    state = train(data_root, tmp_path / "out", ds, "--auto_resume", "--log_level", "info")
+    log = capsys.readouterr().err
+    assert state.global_step == 8 and "Resumed a finished run (2 of 2 epochs, global step 8)" in log
+    assert "Nothing to do: the run has finished its 2 epochs" in log
+    assert "Done: global step 8, 128 samples, 2 of 2 epochs finished" in log
+
+
+def test_metrics_are_on_disk_once_a_checkpoint_is(data_root, tmp_path):
+    """tensorboardX's flush() leaves queued events in memory: a kill right after a checkpoint lost
+    the curves' last steps. Before a checkpoint the reporter closes its writer, so every step up
+    to it is in the event files on disk."""
+    from turing.clock import TrainClock
+    from turing.reporting import Reporter
+
+    cfg = SimpleNamespace(ranks=SimpleNamespace(is_main=True, world=1), tensorboard_path=str(tmp_path / "tb"),
+                          print_steps=1000, train_micro_batch_size_per_gpu=16, gradient_accumulation_steps=1,
+                          max_seq_length=128)
+    reporter = Reporter(cfg, TrainClock(), 1.0, lambda: (1.0, "test"))
+    for step in range(1, 51):
+        reporter.step(SimpleNamespace(global_step=step, global_data_samples=16 * step), 1e-3, torch.tensor(1.0 / step), 0.0)
+    reporter.flush(to_disk=True)
+    assert [s for s, _ in read_run(str(tmp_path / "tb"))[0]["Train/loss"]] == list(range(1, 51))
+    reporter.close()

@@ -35,12 +35,13 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
+from turing.checkpointer import VOCAB_COPY
 from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
                                modern_to_hf, ours_to_hf)
 from turing.jsonfile import read_json
 from turing.modeling import BertConfigError
 from turing.models import model_config_from_dict, pretraining_model
-from turing.checkpointer import VOCAB_COPY
+from turing.outputs import earlier_output
 from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
 
 logger = logging.getLogger(__name__)
@@ -315,14 +316,7 @@ def current_umask():
 def check_output_dir(output_dir, overwrite):
     """Refuse a non-empty --output_dir (it may hold another model's README.md or config.json)
     unless --overwrite; returns what is there already."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ExportError(f"--output_dir {output_dir} exists and is not a folder")
-    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    if present and not overwrite:
-        raise ExportError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
-                          f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace the export's "
-                          "files there, or give an empty or new folder")
-    return present
+    return earlier_output(output_dir, overwrite, ExportError, "pass --overwrite to replace the export's files there, or give an empty or new folder")
 
 
 def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False, trust=False):
@@ -336,7 +330,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     present = check_output_dir(output_dir, overwrite)
 
     tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag, folder_flag="--checkpoint_dir", tag_flag="--tag")
-    state_dict, job_config, run_args = load_checkpoint_state(tag_dir, trust=trust)
+    state_dict, job_config, run_args = load_checkpoint_state(tag_dir, trust=trust, trust_flag=True)
     cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
     if job_config is not None:
         source = os.path.join(tag_dir, "job_config.json")

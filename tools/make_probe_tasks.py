@@ -41,6 +41,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
 
 from tools.prepare_data import DocumentReader, list_input_files
 from turing.glue import PROBE_LABELS, TASKS
+from turing.outputs import earlier_output
 
 logger = logging.getLogger(__name__)
 
@@ -169,14 +170,7 @@ def write_task(folder, name, split, examples):
 
 def check_output_dir(output_dir, overwrite):
     """What --output_dir holds already; refused unless it is empty, or --overwrite."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ProbeError(f"--output_dir {output_dir}: exists and is not a folder")
-    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    if present and not overwrite:
-        raise ProbeError(f"--output_dir {output_dir} is not empty ({', '.join(present[:4])}"
-                         f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to replace "
-                         "the probe tasks in it")
-    return present
+    return earlier_output(output_dir, overwrite, ProbeError, "choose a new folder, or pass --overwrite to replace the probe tasks in it")
 
 
 def _examples_in(folder):

@@ -1501,13 +1501,7 @@ def prepare(args, signals=None):
         # random replacement ids span every line, as the model's rows do (vocab_size).
         with open(vocab_file, encoding="utf-8") as f:
             tokens_by_id = [line.rstrip() for line in f]
-        settings = Settings(
-            fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
-            max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
-            validation_masked_lm_prob=args.validation_masked_lm_prob,
-            short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
-            vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
-            mask_id=special["mask"], unk_id=special["unk"], min_document_words=args.min_document_words)
+        settings = worker_settings(args, vocab, special)
         # Built here, before the workers fork, so they inherit its one-time set-up.
         tokenizer = build_fast_tokenizer(vocab_file, do_lower_case=args.do_lower_case)
         summary = Summary(output_dir=out, fmt=args.format, input_bytes=sum(s.size for s in sources),
@@ -1533,23 +1527,12 @@ def prepare(args, signals=None):
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
                   for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction, keep))
-        for name, (stats, arrays, group_sizes), nbytes, reused in _ordered_results(
-                chunks, pool, processor, args.workers, summary.input_bytes, signals.check):
-            total = summary.sets[name]
-            for key in SetStats.COUNTS:
-                setattr(total, key, getattr(total, key) + getattr(stats, key))
-            if arrays is not None:
-                shard_sets[name].add(arrays, group_sizes)
-            if reused:
-                summary.reused_chunks += 1
-                summary.reused_bytes += nbytes
+        _collect(_ordered_results(chunks, pool, processor, args.workers, summary.input_bytes, signals.check),
+                 summary, shard_sets)
         if pool:
             pool.close()
             pool = None
-        summary.read = {"documents_read": keep.read, "duplicates": keep.duplicates,
-                        "bad_records": documents.counts.bad_records, "redirects": documents.counts.redirects,
-                        "other_pages": documents.counts.other_pages, "other_parts": keep.other_parts,
-                        "layouts": documents.counts.layouts}
+        summary.read = read_counts(documents, keep)
 
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
         for warning in documents.warnings():
@@ -1558,10 +1541,7 @@ def prepare(args, signals=None):
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
-        stats_name = f"stats.part{args.part:03d}.json" if parts else "stats.json"
-        with open(os.path.join(tmp, stats_name), "w", encoding="utf-8") as f:
-            json.dump(summary.stats(), f, indent=1)
-        os.replace(os.path.join(tmp, stats_name), os.path.join(out, stats_name))
+        _write_stats(summary, tmp, out, f"stats.part{args.part:03d}.json" if parts else "stats.json")
         finished = True
         return summary
     finally:
@@ -1575,6 +1555,45 @@ def prepare(args, signals=None):
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
                            kept, journal.folder)
+
+
+def _collect(results, summary, shard_sets):
+    """Each chunk's counts into the summary and its arrays into its set's shards, in input order."""
+    for name, (stats, arrays, group_sizes), nbytes, reused in results:
+        total = summary.sets[name]
+        for key in SetStats.COUNTS:
+            setattr(total, key, getattr(total, key) + getattr(stats, key))
+        if arrays is not None:
+            shard_sets[name].add(arrays, group_sizes)
+        if reused:
+            summary.reused_chunks += 1
+            summary.reused_bytes += nbytes
+
+
+def worker_settings(args, vocab, special):
+    """What the workers need of the flags and the vocab to make a chunk's arrays."""
+    return Settings(
+        fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+        validation_masked_lm_prob=args.validation_masked_lm_prob,
+        short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
+        vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
+        mask_id=special["mask"], unk_id=special["unk"], min_document_words=args.min_document_words)
+
+
+def read_counts(documents, keep):
+    """The reading's counts for stats.json: documents read, left out (and why), layouts."""
+    return {"documents_read": keep.read, "duplicates": keep.duplicates,
+            "bad_records": documents.counts.bad_records, "redirects": documents.counts.redirects,
+            "other_pages": documents.counts.other_pages, "other_parts": keep.other_parts,
+            "layouts": documents.counts.layouts}
+
+
+def _write_stats(summary, tmp, out, name):
+    """OUT/NAME (stats.json), whole or not at all."""
+    with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+        json.dump(summary.stats(), f, indent=1)
+    os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
 def build_vocab(args, sources, options, journal, signals):

@@ -300,10 +300,12 @@ def check_weights_only(folder, trust=False, flag=TRUST_FLAG):
                 raise UnsafeCheckpointError(refusal_message(path, why, flag))
 
 
-def refusal_message(path, why, flag):
-    return (f"{path}: does not load with torch.load(weights_only=True) ({why}); not loaded, as unpickling it "
-            f"could run code from the file. If you wrote it yourself (with a DeepSpeed version that saves other "
-            f"objects), pass {flag} to unpickle it in full")
+def refusal_message(path, why, flag=None):
+    """The one line refusing `path`; `flag`: the caller's flag that unpickles in full, if it has one."""
+    advice = (f". If you wrote it yourself (with a DeepSpeed version that saves other objects), pass {flag} to "
+              f"unpickle it in full" if flag else "")
+    return (f"{path}: does not load with torch.load(weights_only=True) ({why}); it is not unpickled here, as that "
+            f"could run code from the file{advice}")
 
 
 def load_error_detail(path, error):
@@ -315,14 +317,15 @@ def load_error_detail(path, error):
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
-def read_torch_file(path, trust=False):
-    """A torch file read weights-only (`weights_only_loads`); the full unpickler only with `trust`."""
+def read_torch_file(path, trust=False, flag=None):
+    """A torch file read weights-only (`weights_only_loads`); the full unpickler only with `trust`
+    (the caller's `flag`, named in the refusal when it has one)."""
     if os.path.getsize(path) == 0:
         raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, None)})")
     if not trust:
         why = weights_only_refusal(path)
         if why is not None:
-            raise UnsafeCheckpointError(refusal_message(path, why, TRUST_FLAG))
+            raise UnsafeCheckpointError(refusal_message(path, why, flag))
     try:
         with weights_only_loads(trust):
             return torch.load(path, map_location="cpu", weights_only=not trust)
@@ -330,9 +333,10 @@ def read_torch_file(path, trust=False):
         raise ConversionError(f"{path}: not a readable torch checkpoint ({load_error_detail(path, e)})") from None
 
 
-def load_checkpoint_state(checkpoint_dir, tag=None, trust=False):
+def load_checkpoint_state(checkpoint_dir, tag=None, trust=False, trust_flag=False):
     """Read the model weights of one of our DeepSpeed checkpoints, weights-only (`trust`: the
-    user's --trust_checkpoint, the full unpickler).
+    user's --trust_checkpoint, the full unpickler; `trust_flag`: the caller has that flag, which a
+    refusal then names).
 
     checkpoint_dir: OUT/saved_models/JOB (tag None = the one named by its `latest` file), or
     a tag folder. ZeRO stages 0-2 store the full module in TAG/mp_rank_00_model_states.pt;
@@ -343,11 +347,11 @@ def load_checkpoint_state(checkpoint_dir, tag=None, trust=False):
     folder = resolve_checkpoint_tag_dir(checkpoint_dir, tag)
     path = os.path.join(folder, MODEL_STATES_FILE)
     if not os.path.isfile(path) and os.path.isfile(os.path.join(folder, ZERO3_MODEL_STATES_FILE)):
-        return _gathered_zero3_state(folder, trust)
+        return _gathered_zero3_state(folder, trust, trust_flag)
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"{path}: model states file not found (expected a DeepSpeed "
                                       "checkpoint of one model-parallel rank)")
-    saved = read_torch_file(path, trust)
+    saved = read_torch_file(path, trust, TRUST_FLAG if trust_flag else None)
     if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
         raise ConversionError(f"{path}: no 'module' state dict in it (not a DeepSpeed model states file)")
     state = {}
@@ -366,11 +370,11 @@ def load_checkpoint_state(checkpoint_dir, tag=None, trust=False):
     return state, job_config, args
 
 
-def _gathered_zero3_state(folder, trust):
+def _gathered_zero3_state(folder, trust, trust_flag=False):
     """The weights of a ZeRO stage 3 checkpoint (partitioned over its ranks' files), gathered by
     DeepSpeed's zero_to_fp32, after every file of it was checked to load weights-only and under
     `weights_only_loads` (zero_to_fp32 asks for the full unpickler)."""
-    check_weights_only(folder, trust)
+    check_weights_only(folder, trust, TRUST_FLAG if trust_flag else None)
     parent, tag = os.path.split(os.path.normpath(folder))
     with weights_only_loads(trust):
         gathered = get_fp32_state_dict_from_zero_checkpoint(parent, tag)

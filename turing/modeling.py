@@ -723,6 +723,16 @@ def _transformer_kernel_layers(config, options):
     """
     from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # CUDA-only op
 
+    settings = transformer_kernel_settings(config, options)
+    logger.info("DeepSpeed transformer kernel layers: %s", settings)
+    # A fresh config per layer: each layer writes its own id into the config it is given.
+    return [DeepSpeedTransformerLayer(DeepSpeedTransformerConfig(**settings))
+            for _ in range(config.num_hidden_layers)]
+
+
+def transformer_kernel_settings(config, options):
+    """DeepSpeedTransformerConfig's keyword arguments for the encoder's sizes and the run's options
+    (turing.kernel_probe builds a probe layer from them)."""
     if config.hidden_act != "gelu":
         raise BertConfigError(f"bert_model_config: hidden_act {config.hidden_act!r}; "
                               "--deepspeed_transformer_kernel computes gelu only")
@@ -749,10 +759,7 @@ def _transformer_kernel_layers(config, options):
         gelu_checkpoint=bool(options.gelu_checkpoint),
         stochastic_mode=bool(options.stochastic_mode),
     )
-    logger.info("DeepSpeed transformer kernel layers: %s", settings)
-    # A fresh config per layer: each layer writes its own id into the config it is given.
-    return [DeepSpeedTransformerLayer(DeepSpeedTransformerConfig(**settings))
-            for _ in range(config.num_hidden_layers)]
+    return settings
 
 
 def _sparse_self_attention(config, options):

@@ -100,13 +100,18 @@ class Reporter:
         mfu = rate * self.flops_per_sequence / (self.ranks.world * self.peak[0] * 1e12)
         self.log(state.global_step, {"Train/samples_per_s": rate, "Train/tokens_per_s": rate * cfg.max_seq_length,
                                      "Train/MFU": mfu, "Train/data_wait_fraction": waited / elapsed})
+        memory = ""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's peak so far, this rank
+            peak_gib = torch.cuda.max_memory_allocated() / 2**30
+            self.log(state.global_step, {"Train/peak_memory_GiB": peak_gib})
+            memory = f", peak_memory={peak_gib:.1f}GiB"
         if written is not None:
             loss, lr = written
             eta = "" if steps_left is None or not steps else f", eta {steps_left * elapsed / steps / 60:.1f} min"
             logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d, samples_per_s=%.1f, "
-                        "tokens_per_s=%.0f, mfu=%.2f%%, data_wait=%.1f%%%s", state.global_step, loss, lr,
+                        "tokens_per_s=%.0f, mfu=%.2f%%, data_wait=%.1f%%%s%s", state.global_step, loss, lr,
                         state.global_data_samples, rate, rate * cfg.max_seq_length, 100 * mfu,
-                        100 * waited / elapsed, eta)
+                        100 * waited / elapsed, memory, eta)
 
     def flush(self, to_disk=False):
         """Write pending step metrics (every rank takes part: the loss is averaged over them);

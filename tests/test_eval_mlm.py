@@ -1,0 +1,278 @@
+"""tools/eval_mlm.py: pseudo-log-likelihoods, minimal-pair accuracy, MLM scores beside the unigram
+baseline, and its input errors.
+
+The model is made here, not trained: configs/tiny's sizes (2 layers, 64 wide, 128 positions) with
+weights drawn at a larger scale than training's init, so the MLM's predictions are far from
+uniform. It is saved as a checkpoint folder of ours (job folder, `latest`, a tag with the
+completion marker, job_config.json and args.json beside the weights), which is what
+--model reads; the vocab is testkit's plus three entries, so the model has padding rows.
+"""
+import json
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.launch import TINY_CFG  # noqa: E402
+from testkit.synthetic import make_data_root  # noqa: E402
+from tools import eval_mlm  # noqa: E402
+from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
+from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
+from turing.tb_events import read_run  # noqa: E402
+from turing.tokenization import vocab_size_padded  # noqa: E402
+
+EXTRA_WORDS = ["hello", "world", "##s"]   # 96 + 3 = 99 entries: 104 rows, 5 of them padding
+VOCAB_REAL = 99
+
+
+def _sentence(rng, n):
+    return " ".join(f"w{w}" for w in rng.integers(0, 91, size=n))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{root, job, tag, vocab}: testkit's data (its validation shards are scored below) and a
+    checkpoint folder of a tiny model with its vocab."""
+    root = tmp_path_factory.mktemp("eval_mlm")
+    make_data_root(str(root), seq_lengths=(128,), n_train=16, shards=1, n_valid=16)
+    vocab = os.path.join(root, "vocab.txt")
+    with open(vocab, "a") as f:
+        f.write("\n".join(EXTRA_WORDS) + "\n")
+    job = json.load(open(TINY_CFG))
+    job["bert_model_config"]["max_position_embeddings"] = 128
+    job["bert_token_file"] = vocab
+    config = BertConfig.from_dict({**job["bert_model_config"], "initializer_range": 0.3})
+    config.vocab_size = vocab_size_padded(VOCAB_REAL)
+    torch.manual_seed(0)
+    model = BertForPreTrainingPreLN(config)
+    tag = root / "out" / "tiny_bert" / "epoch1_step10"
+    os.makedirs(tag)
+    torch.save({"module": model.state_dict()}, tag / MODEL_STATES_FILE)
+    (tag / "job_config.json").write_text(json.dumps(job))
+    (tag / "args.json").write_text(json.dumps({"vocab_file": vocab, "do_lower_case": True}))
+    (tag / COMPLETE_MARKER).write_text("{}")
+    (tag.parent / "latest").write_text(tag.name)
+    return {"root": root, "job": str(tag.parent), "tag": str(tag), "vocab": vocab}
+
+
+@pytest.fixture(scope="module")
+def scorer(tiny):
+    return eval_mlm.load_scorer(tiny["job"])
+
+
+def write_pairs(path, pairs):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(p) + "\n" for p in pairs)
+    return str(path)
+
+
+def some_pairs(n=12, seed=0):
+    """Pairs of two UIDs: a sentence and its reverse, a sentence and a longer one."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for i in range(n):
+        s = _sentence(rng, int(rng.integers(3, 9)))
+        bad = " ".join(reversed(s.split())) if i % 2 else s + " hello worlds"
+        pairs.append({"sentence_good": s, "sentence_bad": bad, "UID": "reverse" if i % 2 else "longer",
+                      "pairID": str(i // 2), "field": "ignored"})
+    return pairs
+
+
+def direct_pll(model, ids, special, vocab_real):
+    """PLL of one sentence, unbatched: each token masked in turn, one forward each."""
+    total = 0.0
+    for t in range(len(ids)):
+        seq = [special["cls"]] + list(ids) + [special["sep"]]
+        seq[t + 1] = special["mask"]
+        x = torch.tensor([seq])
+        with torch.no_grad():
+            scores, _ = model.predict(x, torch.zeros_like(x), torch.ones_like(x))
+        total += torch.log_softmax(scores[0, t + 1, :vocab_real].double(), -1)[ids[t]].item()
+    return total
+
+
+def test_pll_equals_the_direct_computation(scorer):
+    rng = np.random.default_rng(1)
+    sentences = [_sentence(rng, n) for n in (1, 5, 3, 12, 7)] + ["hello worlds w3"]
+    ids = scorer.tokenizer.encode_batch(sentences)
+    assert [len(i) for i in ids][-1] == 4  # "worlds" is two pieces
+    # a small token budget: batches of a few rows that split sentences and mix lengths
+    batched = eval_mlm.pseudo_log_likelihoods(scorer, ids, batch_tokens=40)
+    one_batch = eval_mlm.pseudo_log_likelihoods(scorer, ids)
+    direct = [direct_pll(scorer.model, s, scorer.special, VOCAB_REAL) for s in ids]
+    assert len(batched) == len(direct) == len(sentences)
+    np.testing.assert_allclose(batched, direct, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(one_batch, direct, rtol=0, atol=1e-4)
+    assert min(direct) < -1.0  # real numbers, not zeros
+
+
+def test_pair_accuracy_by_uid_sums_up_and_per_pair_rows(tiny, tmp_path, capsys):
+    pairs = some_pairs()
+    path = write_pairs(tmp_path / "pairs.jsonl", pairs)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    assert eval_mlm.main(["--model", tiny["job"], "--pairs", path, "--output_dir", str(out),
+                          "--tensorboard_dir", str(runs)]) == 0
+    printed = capsys.readouterr().out
+    assert "minimal pairs" in printed and "reverse" in printed
+    results = json.load(open(out / "results.json"))
+    mp = results["minimal_pairs"]
+    assert results["step"] == 10 and results["vocab_size"] == VOCAB_REAL
+    assert set(mp["by_uid"]) == {"reverse", "longer"}
+    assert sum(e["pairs"] for e in mp["by_uid"].values()) == mp["pairs"] == len(pairs)
+    assert sum(e["correct"] for e in mp["by_uid"].values()) == mp["correct"]
+    rows = [json.loads(line) for line in open(out / "pair_scores.jsonl")]
+    assert len(rows) == len(pairs)
+    assert [(r["UID"], r["pairID"]) for r in rows] == [(p["UID"], p["pairID"]) for p in pairs]
+    assert all(r["correct"] == (r["pll_good"] > r["pll_bad"]) for r in rows)
+    assert sum(r["correct"] for r in rows) == mp["correct"]
+    for entry in [mp, *mp["by_uid"].values()]:
+        lo, hi = entry["ci95"]
+        assert entry["accuracy"] == entry["correct"] / entry["pairs"]
+        assert lo <= entry["accuracy"] <= hi
+    # the extra words cost probability: every longer bad sentence scores lower, whatever the model
+    assert mp["by_uid"]["longer"]["accuracy"] == 1.0
+    scalars, _ = read_run(str(runs))
+    assert scalars["Quality/minimal_pairs/accuracy"] == [(10, pytest.approx(mp["accuracy"]))]
+    assert "Quality/minimal_pairs/reverse" in scalars
+
+
+def test_wilson_interval():
+    lo, hi = eval_mlm.wilson_interval(81, 100)
+    assert (round(lo, 4), round(hi, 4)) == (0.7222, 0.8749)  # the textbook example's values
+    assert eval_mlm.wilson_interval(0, 10)[0] == pytest.approx(0.0)
+    assert eval_mlm.wilson_interval(10, 10)[1] == pytest.approx(1.0)
+
+
+def _error_line(capsys, argv):
+    assert eval_mlm.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_bad_pair_files_are_one_error_line(tiny, tmp_path, capsys):
+    good = some_pairs(2)
+    base = ["--model", tiny["job"], "--output_dir", str(tmp_path / "out"), "--pairs"]
+    missing = write_pairs(tmp_path / "missing.jsonl", [good[0], {k: v for k, v in good[1].items() if k != "UID"}])
+    assert _error_line(capsys, base + [missing]) == (f"error: {missing}:2: no UID field (BLiMP layout: "
+                                                     "sentence_good, sentence_bad, UID, pairID)")
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text(json.dumps(good[0]) + "\n\n{not json\n")
+    assert _error_line(capsys, base + [str(bad_json)]).startswith(f"error: {bad_json}:3: not valid JSON")
+    not_object = tmp_path / "list.jsonl"
+    not_object.write_text("[1, 2]\n")
+    assert f"{not_object}:1: expected a JSON object" in _error_line(capsys, base + [str(not_object)])
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps(good[0]).encode() + b"\n" + b'{"sentence_good": "caf\xe9"}\n')
+    assert f"{latin1}:2: not UTF-8" in _error_line(capsys, base + [str(latin1)])
+    nowhere = str(tmp_path / "nowhere.jsonl")
+    assert _error_line(capsys, base + [nowhere]) == f"error: {nowhere}: file not found"
+    # a sentence longer than the 128 positions is refused by name, not cut
+    long = write_pairs(tmp_path / "long.jsonl", [good[0], {**good[1], "sentence_bad": " ".join(["w1"] * 127)}])
+    line = _error_line(capsys, base + [long])
+    assert f"{long}:2: pairID 0: sentence_bad has 127 WordPiece tokens; the model takes at most 126" in line
+    assert not os.path.exists(tmp_path / "out" / "results.json")
+
+
+def test_text_and_validation_set_beside_the_unigram_baseline(tiny, scorer, tmp_path):
+    rng = np.random.default_rng(2)
+    lines = [_sentence(rng, n) for n in (6, 9, 4)] + ["", " ".join(["w7"] * 130)]  # the last is chunked
+    text = tmp_path / "heldout.txt"
+    text.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert eval_mlm.main(["--model", tiny["tag"], "--text", str(text), "--output_dir", str(out),
+                          "--validation_set", os.path.join(tiny["root"], "nvidia", "128", "validation")]) == 0
+    results = json.load(open(out / "results.json"))
+    t = results["text"]
+    assert (t["lines"], t["chunked_lines"], t["tokens"]) == (4, 1, 6 + 9 + 4 + 130)
+    ids = [i for line in lines if line for i in scorer.tokenizer.encode_batch([line])[0]]
+    top = max(set(ids), key=ids.count)
+    assert t["unigram"]["accuracy"] == ids.count(top) / len(ids) and t["unigram"]["most_frequent_token"] == "w7"
+    p = np.bincount(ids) / len(ids)
+    p = p[p > 0]
+    assert t["unigram"]["perplexity"] == pytest.approx(math.exp(-(p * np.log(p)).sum()))
+    assert t["pseudo_perplexity"] == pytest.approx(math.exp(-t["pseudo_log_likelihood"] / t["tokens"]))
+    assert 0 <= t["accuracy"] <= 1
+    v = results["validation_set"]
+    assert v["sequences"] == 16 and v["masked_tokens"] > 16
+    assert v["perplexity"] == pytest.approx(math.exp(v["loss"]))
+    assert 0 < v["unigram"]["accuracy"] < 1
+
+
+def test_hf_export_scores_as_the_checkpoint_and_as_stock_transformers(tiny, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tools import export_hf
+
+    export = str(tmp_path / "hf")
+    assert export_hf.main(["--checkpoint_dir", tiny["job"], "--output_dir", export]) == 0
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(6, seed=3))
+    results = {}
+    for name, model in (("ours", tiny["job"]), ("hf", export)):
+        assert eval_mlm.main(["--model", model, "--pairs", pairs, "--output_dir", str(tmp_path / name)]) == 0
+        results[name] = [json.loads(line) for line in open(tmp_path / name / "pair_scores.jsonl")]
+    ours = [s for r in results["ours"] for s in (r["pll_good"], r["pll_bad"])]
+    np.testing.assert_allclose([s for r in results["hf"] for s in (r["pll_good"], r["pll_bad"])], ours,
+                               rtol=0, atol=1e-4)
+    # the same PLL through transformers' own classes, one masked copy per token
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(export).eval()
+    stock = []
+    for p in some_pairs(6, seed=3):
+        for sentence in (p["sentence_good"], p["sentence_bad"]):
+            ids = tokenizer(sentence, return_tensors="pt")["input_ids"]
+            n = ids.shape[1] - 2
+            batch = ids.repeat(n, 1)
+            batch[torch.arange(n), torch.arange(n) + 1] = tokenizer.mask_token_id
+            with torch.no_grad():
+                logits = model(input_ids=batch).logits
+            log_probs = torch.log_softmax(logits[torch.arange(n), torch.arange(n) + 1].double(), -1)
+            stock.append(log_probs[torch.arange(n), ids[0, 1:-1]].sum().item())
+    np.testing.assert_allclose(stock, ours, rtol=0, atol=1e-4)
+
+
+def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, capsys):
+    from tools import quality_table
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs())
+    validation = os.path.join(tiny["root"], "nvidia", "128", "validation")
+    for name, extra in (("pretrained", []), ("random", ["--random_init", "--seed", "1"])):
+        assert eval_mlm.main(["--model", tiny["job"], "--pairs", pairs, "--validation_set", validation,
+                              "--output_dir", str(tmp_path / name), *extra]) == 0
+    random_results = json.load(open(tmp_path / "random" / "results.json"))
+    assert random_results["random_init"] and random_results["seed"] == 1
+    capsys.readouterr()
+    assert quality_table.main(["--pretrained", str(tmp_path / "pretrained"), "--random_init",
+                               str(tmp_path / "random"), "--output", str(tmp_path / "quality.json")]) == 0
+    printed = capsys.readouterr().out
+    doc = json.load(open(tmp_path / "quality.json"))
+    for name in ("pretrained", "random_init"):
+        entry = doc["minimal_pairs"][name]
+        assert set(entry["by_kind"]) == {"longer", "reverse"} and entry["pairs"] == 12
+        assert entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]
+        assert 0 <= doc["validation_mlm"][name]["accuracy"] <= 1
+    assert doc["minimal_pairs"]["pretrained_above_random_init"] == (
+        doc["minimal_pairs"]["pretrained"]["ci95"][0] > doc["minimal_pairs"]["random_init"]["ci95"][1])
+    assert doc["validation_mlm"]["unigram_baseline"]["accuracy"] > 0
+    assert "unigram baseline" in printed and "random init" in printed and "reverse" in printed
+    assert quality_table.main(["--pretrained", str(tmp_path / "nowhere"), "--random_init", str(tmp_path)]) == 2
+    assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err
+
+
+def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
+    """A model states file that only the full unpickler reads (an object beside the tensors) is
+    refused with one line; nothing in it runs."""
+    import argparse
+    import shutil
+
+    tag = tmp_path / "job" / "step3"
+    shutil.copytree(tiny["tag"], tag)
+    state = torch.load(tag / MODEL_STATES_FILE, weights_only=True)
+    torch.save({**state, "args": argparse.Namespace(lr=1)}, tag / MODEL_STATES_FILE)
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(2))
+    line = _error_line(capsys, ["--model", str(tag), "--pairs", pairs, "--output_dir", str(tmp_path / "out")])
+    assert "does not load with torch.load(weights_only=True)" in line and "not unpickled" in line

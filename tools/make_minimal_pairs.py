@@ -1,0 +1,300 @@
+"""Minimal pairs in BLiMP's jsonl layout, made from the held-out documents of a plain-text corpus,
+for tools/eval_mlm.py.
+
+    python -m tools.make_minimal_pairs --input CORPUS --output FILE.jsonl [--seed 0] \
+        [--pairs_per_kind 250] [--kinds swap shuffle repeat replace] [--vocab_file VOCAB] \
+        [--dev_fraction 0.2 | --validation_fraction F] [--min_words 6] [--max_words 20] [--overwrite]
+
+CORPUS: one sentence per line, a blank line between documents (the format of
+tools/prepare_data.py). Each line of FILE.jsonl is a pair, `sentence_good` (a sentence of a
+held-out document, as written) and `sentence_bad` (the same sentence corrupted), with `UID` = the
+kind of corruption, `pairID` (its number within the kind), `linguistics_term` (the kind in words,
+as BLiMP's field), `lexically_identical` (the same words in both) and `document` (the document's number in the corpus, from 0, as the split counts them):
+
+- swap:    two adjacent inner words swapped;
+- shuffle: the inner words put in another random order;
+- repeat:  an inner word repeated in place of the word after it ("the cat sat on" -> "the cat cat
+           on"), so both sentences keep the same number of words;
+- replace: an inner word replaced by another word of (nearly) the same frequency in the training
+           documents: the nearest in the frequency ranking, so word frequency alone cannot tell the
+           two apart.
+
+Inner words are the letter-only words that are neither first nor last (no capital letter or full
+stop moves, as in the probe suite's swaps); replace only touches lower-case words. No corruption
+changes a sentence's length: a pseudo-log-likelihood is a sum over tokens, so a longer bad
+sentence would lose on length alone (a randomly initialised model would "pass"). swap and shuffle
+keep the very tokens; with --vocab_file, repeat and replace keep the WordPiece count too (the
+words moved in have as many pieces as those they replace, lower-cased as the demo's tokenizer).
+
+Held out means: the documents the probe suite (tools/make_probe_tasks.py) keeps for dev, the same
+split function with the same --seed and --dev_fraction (default); or, with
+--validation_fraction F, the documents tools/prepare_data.py holds out of the pretraining shards
+made with the same --validation_fraction (so text the checkpoint never trained on; the demo's
+data uses 0.05). A held-out sentence that also occurs in a training document is left out, and each
+sentence is used at most once per kind. The output is a function of the corpus, the flags and
+--seed. An existing FILE is refused unless --overwrite (which says what it replaces).
+"""
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+from collections import Counter
+
+if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from tools.make_probe_tasks import split_documents
+from tools.prepare_data import DocumentReader, is_validation_document, list_input_files
+from tools.prepare_data import build_parser as prepare_data_parser
+from turing.tokenization import BertTokenizer
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("swap", "shuffle", "repeat", "replace")
+DESCRIPTIONS = {"swap": "adjacent words swapped", "shuffle": "inner words shuffled",
+                "repeat": "a word repeated over the next", "replace": "a word replaced, same frequency"}
+FREQUENCY_NEIGHBOURS = 3   # replace: candidates are this many words on each side in the frequency ranking
+
+
+class MinimalPairsError(ValueError):
+    """Bad input to the pair builder; the message names the flag or file."""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Make minimal pairs (BLiMP's jsonl layout) from the held-out "
+                                            "documents of a text corpus.")
+    p.add_argument("--input", required=True, help="corpus: one sentence per line, blank line between documents "
+                                                   "(a file, or a folder of .txt files)")
+    p.add_argument("--output", required=True, help="the .jsonl file to write")
+    p.add_argument("--seed", type=int, default=0, help="seed of the corruptions and of the probe-suite split")
+    p.add_argument("--pairs_per_kind", type=int, default=250, help="pairs of each kind (at most)")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kinds of corruption")
+    p.add_argument("--vocab_file", default=None,
+                   help="vocab.txt: repeat and replace then keep the WordPiece count of the sentence")
+    split = p.add_mutually_exclusive_group()
+    split.add_argument("--dev_fraction", type=float, default=0.2,
+                       help="the probe suite's split: share of the documents held out (default 0.2)")
+    split.add_argument("--validation_fraction", type=float, default=None,
+                       help="tools/prepare_data.py's split instead: the documents it held out of the "
+                            "pretraining shards with this --validation_fraction")
+    p.add_argument("--min_words", type=int, default=6, help="shortest sentence used, in words")
+    p.add_argument("--max_words", type=int, default=20, help="longest sentence used, in words")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# The held-out documents
+
+
+def probe_split(files, dev_fraction, seed):
+    """(train docs, held-out docs, held-out document numbers): make_probe_tasks' reading and split."""
+    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files)]
+    docs = [doc for doc in docs if doc]
+    numbered = [(i, doc) for i, doc in enumerate(docs)]
+    # split_documents shuffles indices: split the numbers alongside, with the same generator state
+    train, dev = split_documents(numbered, dev_fraction, random.Random(seed))
+    return [d for _, d in train], [d for _, d in dev], [i for i, _ in dev]
+
+
+def pretraining_split(files, validation_fraction):
+    """The same, as tools/prepare_data.py splits its documents (cut at its --chunk_size_mb)."""
+    chunk_mb = prepare_data_parser().get_default("chunk_size_mb")
+    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files, int(chunk_mb * 2**20))]
+    docs = [doc for doc in docs if doc]
+    held = [is_validation_document(i, validation_fraction) for i in range(len(docs))]
+    return ([d for d, h in zip(docs, held) if not h], [d for d, h in zip(docs, held) if h],
+            [i for i, h in enumerate(held) if h])
+
+
+# ---------------------------------------------------------------------------------------------
+# Corruptions: each takes the words of a sentence and a random.Random, returns the corrupted words
+# or None when the sentence has nothing to corrupt that way.
+
+
+def inner(words):
+    """Positions of the letter-only words that are neither first nor last."""
+    return [i for i in range(1, len(words) - 1) if words[i].isalpha()]
+
+
+def swap(words, rng, _context):
+    spots = [i for i in inner(words) if i + 1 < len(words) - 1 and words[i + 1].isalpha()
+             and words[i].lower() != words[i + 1].lower()]
+    if not spots:
+        return None
+    i = rng.choice(spots)
+    out = list(words)
+    out[i], out[i + 1] = out[i + 1], out[i]
+    return out
+
+
+def shuffle(words, rng, _context):
+    spots = inner(words)
+    if len({words[i].lower() for i in spots}) < 3:
+        return None
+    moved = [words[i] for i in spots]
+    for _ in range(10):
+        rng.shuffle(moved)
+        if [w.lower() for w in moved] != [words[i].lower() for i in spots]:
+            out = list(words)
+            for i, w in zip(spots, moved):
+                out[i] = w
+            return out
+    return None
+
+
+def repeat(words, rng, context):
+    spots = [i for i in inner(words) if i + 1 < len(words) - 1 and words[i + 1].isalpha()
+             and words[i].lower() != words[i + 1].lower() and context.same_pieces(words[i], words[i + 1])]
+    if not spots:
+        return None
+    i = rng.choice(spots)
+    out = list(words)
+    out[i + 1] = words[i]
+    return out
+
+
+def replace(words, rng, context):
+    present = {w.lower() for w in words}
+    spots = [i for i in inner(words) if words[i].islower() and words[i] in context.rank]
+    rng.shuffle(spots)
+    for i in spots:
+        candidates = [w for w in context.neighbours(words[i]) if w not in present
+                      and context.same_pieces(w, words[i])]
+        if candidates:
+            out = list(words)
+            out[i] = rng.choice(candidates)
+            return out
+    return None
+
+
+CORRUPTIONS = {"swap": swap, "shuffle": shuffle, "repeat": repeat, "replace": replace}
+
+
+class Context:
+    """What the corruptions need beyond the sentence: word frequencies of the training documents
+    (lower-case letter-only words) and, given a vocab, WordPiece counts."""
+
+    def __init__(self, train_docs, tokenizer=None, seed=0):
+        counts = Counter(w for doc in train_docs for s in doc for w in s.split() if w.isalpha() and w.islower())
+        self.counts = counts
+        # Words of one count in a seeded random order: alphabetical neighbours would be inflections
+        # of the same word ("return", "returned"), which often still make a sentence.
+        words = sorted(counts)
+        random.Random(f"{seed}/frequency").shuffle(words)
+        self.ranked = sorted(words, key=counts.__getitem__)  # stable: the random order within a count
+        self.rank = {w: r for r, w in enumerate(self.ranked)}
+        self.tokenizer = tokenizer
+        self._pieces = {}
+
+    def neighbours(self, word):
+        r = self.rank[word]
+        return [w for w in self.ranked[max(0, r - FREQUENCY_NEIGHBOURS):r + FREQUENCY_NEIGHBOURS + 1] if w != word]
+
+    def pieces(self, word):
+        if word not in self._pieces:
+            self._pieces[word] = len(self.tokenizer.tokenize(word))
+        return self._pieces[word]
+
+    def same_pieces(self, a, b):
+        return self.tokenizer is None or self.pieces(a) == self.pieces(b)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def make_pairs(held_docs, doc_numbers, context, kinds, pairs_per_kind, seed, min_words, max_words, seen=()):
+    """[record] of every kind: BLiMP fields plus `lexically_identical` and `document`."""
+    first_document = {}  # sentence -> the first held-out document holding it (a sentence is used once)
+    for doc, number in zip(held_docs, doc_numbers):
+        for s in doc:
+            if min_words <= len(s.split()) <= max_words and s not in seen:
+                first_document.setdefault(s, number)
+    sentences = list(first_document.items())
+    records = []
+    for kind in kinds:
+        rng = random.Random(f"{seed}/{kind}")  # one generator per kind (str seeds hash deterministically)
+        order = list(sentences)
+        rng.shuffle(order)
+        made = 0
+        for sentence, number in order:
+            if made == pairs_per_kind:
+                break
+            words = sentence.split()
+            bad = CORRUPTIONS[kind](words, rng, context)
+            if bad is None or bad == words:
+                continue
+            records.append({"sentence_good": sentence, "sentence_bad": " ".join(bad), "UID": kind,
+                            "pairID": str(made), "linguistics_term": DESCRIPTIONS[kind],
+                            "lexically_identical": kind in ("swap", "shuffle"), "document": number})
+            made += 1
+        if made < pairs_per_kind:
+            logger.warning("%s: %d pairs (asked for %d); the held-out documents have no more", kind, made,
+                           pairs_per_kind)
+    return records
+
+
+def write_jsonl(path, records, overwrite):
+    if os.path.exists(path):
+        if not overwrite:
+            raise MinimalPairsError(f"--output {path} exists; pass --overwrite to replace it, or give another file")
+        with open(path, "rb") as f:
+            logger.warning("--overwrite: replacing %s (%d lines)", path, sum(1 for _ in f))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, path)
+
+
+def make_minimal_pairs(input_path, output, seed=0, pairs_per_kind=250, kinds=KINDS, vocab_file=None,
+                       dev_fraction=0.2, validation_fraction=None, min_words=6, max_words=20, overwrite=False):
+    """Write the pairs; returns {kind: count}."""
+    if pairs_per_kind < 1:
+        raise MinimalPairsError(f"--pairs_per_kind {pairs_per_kind}: must be at least 1")
+    if min_words < 4 or max_words < min_words:
+        raise MinimalPairsError(f"--min_words {min_words} / --max_words {max_words}: need 4 <= min_words <= max_words")
+    if validation_fraction is not None and not 0 < validation_fraction < 1:
+        raise MinimalPairsError(f"--validation_fraction {validation_fraction}: must be between 0 and 1")
+    if not 0 < dev_fraction < 1:
+        raise MinimalPairsError(f"--dev_fraction {dev_fraction}: must be between 0 and 1")
+    if os.path.exists(output) and not overwrite:  # before any work
+        raise MinimalPairsError(f"--output {output} exists; pass --overwrite to replace it, or give another file")
+    files = list_input_files([input_path])
+    if validation_fraction is not None:
+        train_docs, held_docs, numbers = pretraining_split(files, validation_fraction)
+    else:
+        train_docs, held_docs, numbers = probe_split(files, dev_fraction, seed)
+    if not held_docs:
+        raise MinimalPairsError(f"--input {input_path}: no document is held out; use a bigger corpus or a larger "
+                                "--validation_fraction")
+    tokenizer = BertTokenizer(vocab_file) if vocab_file else None
+    seen = {s for doc in train_docs for s in doc}
+    records = make_pairs(held_docs, numbers, Context(train_docs, tokenizer, seed), kinds, pairs_per_kind, seed,
+                         min_words, max_words, seen)
+    if not records:
+        raise MinimalPairsError(f"--input {input_path}: no pair could be made from the held-out documents; "
+                                "use a bigger corpus or other --min_words/--max_words")
+    write_jsonl(output, records, overwrite)
+    return dict(Counter(r["UID"] for r in records))
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        counts = make_minimal_pairs(args.input, args.output, args.seed, args.pairs_per_kind, args.kinds,
+                                    args.vocab_file, args.dev_fraction, args.validation_fraction, args.min_words,
+                                    args.max_words, args.overwrite)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.output}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + " pairs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
