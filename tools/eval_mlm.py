@@ -68,7 +68,7 @@ from turing.batch import Batch, collate_batch
 from turing.checkpoint import resolve_checkpoint_tag_dir, step_of
 from turing.errors import InputError
 from turing.hf_convert import is_hf_folder
-from turing.modeling import BertForPreTrainingPreLN
+from turing.models import pretraining_model
 from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
 from utils import set_seeds
 
@@ -142,7 +142,7 @@ def check_args(args):
 
 @dataclasses.dataclass
 class Scorer:
-    model: BertForPreTrainingPreLN   # in eval mode, on `device`
+    model: object                    # a pretraining model of either architecture, eval mode, on `device`
     tokenizer: BertTokenizer
     vocab_file: str
     vocab_real: int                  # the vocab file's size: scores are over ids 0..vocab_real-1
@@ -156,7 +156,7 @@ def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
     twin); `load_weights` then gives it --model's weights."""
     source = model_source(model_path, vocab_file, config_file)
     set_seeds(seed)
-    model = BertForPreTrainingPreLN(source.config)
+    model = pretraining_model(source.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
     try:
@@ -193,7 +193,7 @@ def checkpoint_step(model_path):
 
 def _vocab_scores(scorer, hidden):
     """(N, H) final hidden states -> (N, vocab_real) fp32 MLM scores."""
-    return scorer.model.cls.predictions(hidden)[:, :scorer.vocab_real].float()
+    return scorer.model.mlm_scores(hidden)[:, :scorer.vocab_real].float()
 
 
 def _batches(lengths, batch_tokens):
@@ -236,7 +236,7 @@ def token_scores(scorer, sequences, batch_tokens=DEFAULT_BATCH_TOKENS):
             ids[r, t + 1] = sp["mask"]
         ids_t, mask_t, positions_t, target_t = (torch.from_numpy(a).to(scorer.device)
                                                 for a in (ids, mask, positions, targets))
-        sequence_output, _ = scorer.model.bert(ids_t, torch.zeros_like(ids_t), mask_t)      # (B, L, H)
+        sequence_output = scorer.model.encode(ids_t, torch.zeros_like(ids_t), mask_t)      # (B, L, H)
         hidden = sequence_output[torch.arange(len(rows), device=scorer.device), positions_t]  # (B, H)
         scores = _vocab_scores(scorer, hidden)                                                 # (B, V)
         lp = torch.log_softmax(scores, -1).gather(1, target_t[:, None]).squeeze(1).double().cpu().numpy()
@@ -435,7 +435,7 @@ def score_validation_set(scorer, path, dataset=None, max_seq_length=128, max_pre
     correct, loss_sum, labels_seen, sequences = 0, 0.0, [], 0
     for batch in DataLoader(dataset, batch_size=VALIDATION_BATCH, collate_fn=_as_batch):
         batch = Batch(*(t.to(scorer.device) for t in batch))
-        sequence_output, _ = scorer.model.bert(batch.input_ids, batch.segment_ids, batch.input_mask)
+        sequence_output = scorer.model.encode(batch.input_ids, batch.segment_ids, batch.input_mask)
         masked = batch.masked_lm_labels != -1
         labels = batch.masked_lm_labels[masked]
         scores = _vocab_scores(scorer, sequence_output[masked])

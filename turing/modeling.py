@@ -884,3 +884,11 @@ class BertForPreTrainingPreLN(nn.Module):
         """Scores for every position: (prediction_scores (B, L, V), nsp_scores (B, 2))."""
         sequence_output, pooled_output = self.bert(input_ids, segment_ids, input_mask)
         return self.cls(sequence_output, pooled_output)
+
+    def encode(self, input_ids, segment_ids, input_mask):
+        """The final hidden states (B, L, H), for scoring chosen positions with `mlm_scores`."""
+        return self.bert(input_ids, segment_ids, input_mask)[0]
+
+    def mlm_scores(self, hidden_states):
+        """(..., H) final hidden states -> (..., V) MLM scores."""
+        return self.cls.predictions(hidden_states)

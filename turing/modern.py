@@ -524,3 +524,11 @@ class ModernForPreTraining(nn.Module):
         """Scores for every position: (prediction_scores (B, L, V), None)."""
         return self.cls(self.bert(input_ids, input_mask)), None
 
+    def encode(self, input_ids, segment_ids, input_mask):
+        """The final hidden states (B, L, H) (segment ids are read by nothing), for `mlm_scores`."""
+        return self.bert(input_ids, input_mask)
+
+    def mlm_scores(self, hidden_states):
+        """(..., H) final hidden states -> (..., V) MLM scores."""
+        return self.cls(hidden_states)
+
