@@ -8,17 +8,21 @@
 # unigram baseline (what pretraining bought).
 # Re-running it resumes (or, once finished, leaves) the run in WORK/out; remove that folder for
 # a fresh one. Usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
+# DEMO_CONFIGS=configs/demo_modern: the same job with the ModernBERT-style block (same recipe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=demo_run
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then WORK=$1; shift; fi   # a first argument that is no flag is the folder
 PY=${PYTHON:-python3}
+CONFIGS=${DEMO_CONFIGS:-configs/demo}
+[ -f "$CONFIGS/bert_config.json" ] && [ -f "$CONFIGS/ds_config.json" ] \
+  || { echo "error: DEMO_CONFIGS=$CONFIGS: expected a folder holding bert_config.json and ds_config.json" >&2; exit 2; }
 bash scripts/setup.sh
 bash scripts/prepare_demo_data.sh "$WORK"
 launcher=$(command -v deepspeed || echo "$PY -m deepspeed.launcher.runner")
 # keep these flags in step with the "demo" recipe of bench/bench_quality.py
 $launcher --num_gpus 1 deepspeed_train.py \
-  --cf configs/demo/bert_config.json --deepspeed --deepspeed_config configs/demo/ds_config.json \
+  --cf "$CONFIGS/bert_config.json" --deepspeed --deepspeed_config "$CONFIGS/ds_config.json" --job_name demo_bert \
   --use_nvidia_dataset --data_path_prefix "$WORK" --validation_data_path_prefix "$WORK" \
   --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 52 --lr_schedule WSD \
   --validation_every_steps 100 --print_steps 20 --auto_resume "$@"
