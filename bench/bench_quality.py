@@ -53,12 +53,14 @@ RECIPES = {
     "original": {"cf": "configs/demo_original/bert_config.json", "ds": "configs/demo_original/ds_config.json",
                  "flags": ["--lr_schedule", "EE", "--max_predictions_per_seq", "20"],
                  "validation_every_steps": 50},
-    # The demo's recipe: keep in step with the training flags of scripts/demo.sh.
+    # The demo's recipe with the original block (DEMO_CONFIGS=configs/demo bash scripts/demo.sh):
+    # keep in step with the training flags of scripts/demo.sh.
     "demo": {"cf": "configs/demo/bert_config.json", "ds": "configs/demo/ds_config.json",
              "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "52"],
              "validation_every_steps": 100},
-    # The demo's recipe with the modernbert block (configs/demo_modern: 2 x 256, RoPE, GeGLU with
-    # the original FFN's parameter count, no biases, a full and a sliding-window layer).
+    # The demo's recipe with the modernbert block, what scripts/demo.sh trains (configs/demo_modern:
+    # 2 x 256, RoPE, GeGLU with the original FFN's parameter count, no biases, a full and a
+    # sliding-window layer).
     "demo_modern": {"cf": "configs/demo_modern/bert_config.json", "ds": "configs/demo_modern/ds_config.json",
                     "flags": ["--lr_schedule", "WSD", "--max_predictions_per_seq", "52"],
                     "validation_every_steps": 100},

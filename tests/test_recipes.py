@@ -130,14 +130,14 @@ def test_bad_recipe_keys_give_one_error_line(data_root, tmp_path, capsys, keys, 
 
 
 def test_the_demo_trains_the_recipe_that_bench_quality_measures():
-    """scripts/demo.sh passes the "demo" recipe's flags (bench/bench_quality.py) with its configs,
-    and with DEMO_CONFIGS=configs/demo_modern the "demo_modern" recipe's, so the README's figures
-    for the two recipes are the demo's."""
+    """scripts/demo.sh passes the "demo_modern" recipe's flags (bench/bench_quality.py) with its
+    configs, and with DEMO_CONFIGS=configs/demo the "demo" recipe's (the original block), so the
+    README's figures for the two recipes are the demo's."""
     from bench.bench_quality import RECIPES
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = open(os.path.join(repo, "scripts", "demo.sh")).read()
-    assert "CONFIGS=${DEMO_CONFIGS:-configs/demo}" in script
+    assert "CONFIGS=${DEMO_CONFIGS:-configs/demo_modern}" in script
     command = " ".join(script.split("deepspeed_train.py", 1)[1].split("--auto_resume", 1)[0].split("\\\n"))
     for recipe_name, configs in (("demo", "configs/demo"), ("demo_modern", "configs/demo_modern")):
         flags = command.replace('"$CONFIGS', configs).replace('.json"', ".json").split()
