@@ -71,6 +71,25 @@ class BertConfigError(InputValueError):
     """A model configuration that cannot be built; the message names the key or file."""
 
 
+def config_values(json_object, architecture):
+    """(the other keys, the vocab size) of a `bert_model_config` of `architecture`: a JSON object
+    whose "architecture" (optional) is that one, with the vocab size under
+    `vocab_size_or_config_json_file` (the original's key) or `vocab_size`."""
+    if not isinstance(json_object, dict):
+        raise BertConfigError(f"bert_model_config must be a JSON object, got {type(json_object).__name__}")
+    values = dict(json_object)
+    if values.pop("architecture", architecture) != architecture:
+        raise BertConfigError(f"bert_model_config: architecture {json_object['architecture']!r} is not "
+                              f"{architecture!r} (turing.models.model_config_from_dict reads any)")
+    vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
+    if not vocab_keys:
+        raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
+    vocab_size = values.pop(vocab_keys[0])
+    for key in vocab_keys[1:]:
+        values.pop(key)
+    return values, vocab_size
+
+
 class BertConfig:
     """Sizes, dropouts and init scale of the model (the job config's `bert_model_config`).
 
@@ -133,18 +152,7 @@ class BertConfig:
     def from_dict(cls, json_object):
         """Build from a dict with `vocab_size_or_config_json_file` (or `vocab_size`) and FIELDS (and
         optionally "architecture": "bert")."""
-        if not isinstance(json_object, dict):
-            raise BertConfigError(f"bert_model_config must be a JSON object, got {type(json_object).__name__}")
-        values = dict(json_object)
-        if values.pop("architecture", cls.architecture) != cls.architecture:
-            raise BertConfigError(f"bert_model_config: architecture {json_object['architecture']!r} is not "
-                                  f"{cls.architecture!r} (turing.models.model_config_from_dict reads any)")
-        vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
-        if not vocab_keys:
-            raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
-        vocab_size = values.pop(vocab_keys[0])
-        for key in vocab_keys[1:]:
-            values.pop(key)
+        values, vocab_size = config_values(json_object, cls.architecture)
         unknown = sorted(set(values) - set(cls.FIELDS))
         if unknown:
             raise BertConfigError(

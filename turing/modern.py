@@ -59,7 +59,7 @@ from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputValueError
 from turing.modeling import (_ACTIVATIONS, BertConfigError, Dropout, ModelOptions, Unpadding, _extended_attention_mask,
-                             _LinearCrossEntropy, pretraining_loss)
+                             _LinearCrossEntropy, config_values, pretraining_loss)
 
 ARCHITECTURE = "modernbert"
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types names
@@ -148,18 +148,7 @@ class ModernConfig:
     def from_dict(cls, json_object):
         """From `bert_model_config`: `vocab_size_or_config_json_file` (or `vocab_size`), "architecture":
         "modernbert", and any of FIELDS; the original's BERT-only keys are refused with the name to use."""
-        if not isinstance(json_object, dict):
-            raise BertConfigError(f"bert_model_config must be a JSON object, got {type(json_object).__name__}")
-        values = dict(json_object)
-        if values.pop("architecture", ARCHITECTURE) != ARCHITECTURE:
-            raise BertConfigError(f"bert_model_config: architecture {json_object['architecture']!r} is not "
-                                  f"{ARCHITECTURE!r}")
-        vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
-        if not vocab_keys:
-            raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
-        vocab_size = values.pop(vocab_keys[0])
-        for key in vocab_keys[1:]:
-            values.pop(key)
+        values, vocab_size = config_values(json_object, ARCHITECTURE)
         for key, hint in BERT_ONLY_KEYS.items():
             if key in values:
                 raise BertConfigError(f"bert_model_config (architecture {ARCHITECTURE}): key {key!r} is the original "
