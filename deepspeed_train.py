@@ -652,7 +652,17 @@ def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_
     lr += args.lr_offset
     for group in optimizer.param_groups:
         group["lr"] = lr
+    total = config["training"]["total_training_steps"]
+    if lr == 0.0 and step >= total and (args.lr_schedule, total) not in _ZERO_LR_WARNED:
+        _ZERO_LR_WARNED.add((args.lr_schedule, total))
+        logger.warning("step %d: the learning rate is 0 from here on (--lr_schedule %s ends at the job config's "
+                       "total_training_steps, %d): the steps after it do not train; set total_training_steps to the "
+                       "run's step count, or end the run there with --max_steps", current_global_step,
+                       args.lr_schedule, total)
     return lr
+
+
+_ZERO_LR_WARNED = set()  # (schedule, total_training_steps) said once per process
 
 
 # ---------------------------------------------------------------------------------------------

@@ -111,3 +111,15 @@ def test_every_schedule_is_named_once_in_the_table():
     assert all(f"{name}:" in help_text for name in LR_SCHEDULES)
     training = {"total_training_steps": 100, "warmup_proportion": 0.1, "decay_rate": 0.9, "decay_step": 10}
     assert all(0.0 <= lr_factor(name, 50, training, budget_fraction=0.5) <= 1.0 for name in LR_SCHEDULES)
+
+
+def test_a_schedule_that_reached_zero_says_once_that_the_steps_after_it_do_not_train(caplog):
+    args = argparse.Namespace(lr_schedule="WSD", lr_offset=0.0)
+    training = dict(WSD, total_training_steps=977)
+    with caplog.at_level("WARNING"):
+        assert update_learning_rate(args, {"training": training}, 976, _optimizer()) > 0.0
+        assert not caplog.records
+        for step in (977, 978, 1200):
+            assert update_learning_rate(args, {"training": training}, step, _optimizer()) == 0.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "step 977: the learning rate is 0" in warnings[0] and "--max_steps" in warnings[0]
