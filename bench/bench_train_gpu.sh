@@ -10,10 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-bench_gpu}}
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  echo "error: no CUDA device: bench/bench_train_gpu.sh needs a GPU (torch.cuda.is_available() is False here)" >&2
-  exit 2
-fi
+source scripts/require_cuda.sh
+require_cuda "no CUDA device: bench/bench_train_gpu.sh needs a GPU (torch.cuda.is_available() is False here)"
 if ! "$PY" -c "import deepspeed, tensorboardX" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || exit 2

@@ -8,9 +8,9 @@
 # the sequence length they were trained at), it does not re-warm again.
 # The recipe as shipped (fp16, FusedLamb, DeepSpeed's transformer kernel) needs CUDA: said first,
 # before any data or vocab error. REQUIRE_CUDA=0 skips the check (the tests, with a stand-in launcher).
-if [ "${REQUIRE_CUDA:-1}" != 0 ] && ! "${PYTHON:-python3}" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  echo "error: $(basename "$0") runs the original's GPU recipe (fp16, FusedLamb, DeepSpeed's transformer kernel) and needs a CUDA GPU; none here (torch.cuda.is_available() is False). On a CPU: bash scripts/demo.sh" >&2
-  exit 2
+source "$(dirname "${BASH_SOURCE[0]}")/require_cuda.sh"
+if [ "${REQUIRE_CUDA:-1}" != 0 ]; then
+  require_cuda "$(basename "$0") runs the original's GPU recipe (fp16, FusedLamb, DeepSpeed's transformer kernel) and needs a CUDA GPU; none here (torch.cuda.is_available() is False). On a CPU: bash scripts/demo.sh"
 fi
 # DATA and OUT (set by the script) are made absolute, since the launch runs from the repository root.
 DATA=$(cd "$DATA" && pwd)

@@ -11,10 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-gpu_check}}
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  echo "error: no CUDA device: scripts/gpu_check.sh needs a GPU (torch.cuda.is_available() is False here)" >&2
-  exit 2
-fi
+source scripts/require_cuda.sh
+require_cuda "no CUDA device: scripts/gpu_check.sh needs a GPU (torch.cuda.is_available() is False here)"
 TEST_TIMEOUT=${TEST_TIMEOUT:-150}
 # DeepSpeed 0.19's JIT op builder parses TORCH_CUDA_ARCH_LIST as numbers: a value with an arch
 # suffix ("9.0a", as some CUDA images set) fails with "invalid literal for int() ... '0a'".
