@@ -378,21 +378,13 @@ def test_shipped_configs_are_the_published_sizes_with_30_percent_masking(name, s
 def test_eval_mlm_scores_the_modern_block_as_a_direct_computation(modern_run, tmp_path):
     """tools/eval_mlm.py on a modernbert checkpoint: each pseudo-log-likelihood equals the
     unbatched loop (each token masked in turn, one forward each) of the model the checkpoint holds."""
+    from tests.test_eval_mlm import direct_pll
     from tools import eval_mlm
     scorer = eval_mlm.load_scorer(str(modern_run["ckpt"]))
     assert isinstance(scorer.model, ModernForPreTraining)
     ids = scorer.tokenizer.encode_batch(["w1 w2 w3", "w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20"])
     batched = eval_mlm.pseudo_log_likelihoods(scorer, ids, batch_tokens=40)
-    special = scorer.special
     for sentence, got in zip(ids, batched):
-        direct = 0.0
-        for t in range(len(sentence)):
-            seq = [special["cls"]] + list(sentence) + [special["sep"]]
-            seq[t + 1] = special["mask"]
-            x = torch.tensor([seq])
-            with torch.no_grad():
-                scores, _ = scorer.model.predict(x, None, torch.ones_like(x))
-            direct += torch.log_softmax(scores[0, t + 1, :scorer.vocab_real].double(), -1)[sentence[t]].item()
-        assert got == pytest.approx(direct, abs=1e-4)
+        assert got == pytest.approx(direct_pll(scorer.model, sentence, scorer.special, scorer.vocab_real), abs=1e-4)
     random_twin = eval_mlm.load_scorer(str(modern_run["ckpt"]), random_init=True)
     assert not torch.equal(random_twin.model.bert.layers[0].mlp.Wi.weight, scorer.model.bert.layers[0].mlp.Wi.weight)
