@@ -200,6 +200,9 @@ def test_config_keys_and_refused_options():
         model_config_from_dict({**TINY_MODERN, "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="architecture 'roberta' is not one of bert, modernbert"):
         model_config_from_dict({**TINY_MODERN, "architecture": "roberta"})
+    for key, value in (("global_rope_theta", float("inf")), ("norm_eps", float("nan")), ("local_rope_theta", 0)):
+        with pytest.raises(ValueError, match=f"{key} must be a finite number > 0, got {value!r}"):
+            model_config_from_dict({**TINY_MODERN, key: value})
     modern = ModelOptions(architecture="modernbert", next_sentence_prediction=False)
     for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
         with pytest.raises(ValueError, match=f"--{flag} does not apply to bert_model_config.architecture"):

@@ -131,8 +131,8 @@ class ModernConfig:
         for key in ("initializer_range", "initializer_cutoff_factor", "norm_eps", "global_rope_theta",
                     "local_rope_theta"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                self._fail(f"{key} must be a number > 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                self._fail(f"{key} must be a finite number > 0, got {value!r}")
         for key in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"):
             if not isinstance(getattr(self, key), bool):
                 self._fail(f"{key} must be true or false, got {getattr(self, key)!r}")
