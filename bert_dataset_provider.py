@@ -77,16 +77,16 @@ class EpochPlan(NamedTuple):
 def remap_epoch(rows_per_rank, plan, start_step, layout, rank):
     """This rank's micro batches (sample ids, shape [n, layout.micro_batch]) for the rest of an
     epoch whose order was made for `plan`, from optimizer step `start_step` of the epoch on,
-    on `layout` (same global batch). Returns (rows, samples left unused).
+    on `layout` (same global batch). Returns (rows, samples of the epoch's partial last step).
 
     rows_per_rank[r]: the micro batches plan rank r runs in the epoch ([n_r, plan.micro_batch]
-    sample ids); like the step loop, every rank runs the shortest rank's count. Optimizer step s
-    of the plan trains the samples of micro batches s*accum ... (s+1)*accum-1 of every plan
-    rank; on `layout`, step s trains exactly those samples (in plan-rank order, rank `rank`
-    taking its micro_batch x grad_accum slice), so an epoch interrupted and resumed on another
-    number of ranks, micro batch or accumulation trains every sample of the epoch once. A last
-    partial step (fewer micro batches than the accumulation) is dealt out in whole micro
-    batches; what does not fill one on every rank is left unused (the count returned)."""
+    sample ids); like the step loop, every rank runs the shortest rank's count, in whole
+    optimizer steps. Optimizer step s of the plan trains the samples of micro batches
+    s*accum ... (s+1)*accum-1 of every plan rank; on `layout`, step s trains exactly those
+    samples (in plan-rank order, rank `rank` taking its micro_batch x grad_accum slice), so an
+    epoch interrupted and resumed on another number of ranks, micro batch or accumulation trains
+    every sample of the epoch's steps once. The micro batches after the last whole step are not
+    trained on any layout (an epoch trains whole steps); their sample count is returned."""
     if plan.global_batch != layout.global_batch:
         raise ValueError(f"global batch {layout.global_batch} differs from the epoch's {plan.global_batch}")
     total = min(len(rows) for rows in rows_per_rank)
@@ -96,10 +96,7 @@ def remap_epoch(rows_per_rank, plan, start_step, layout, rank):
     whole = whole.transpose(1, 0, 2).reshape(steps, -1)[start_step:]           # [steps left, global batch]
     share = layout.micro_batch * layout.grad_accum
     mine = whole[:, rank * share:(rank + 1) * share].reshape(-1, layout.micro_batch)
-    tail = rows[:, steps * plan.grad_accum:].reshape(-1)                       # the partial last step
-    per_rank = len(tail) // layout.world // layout.micro_batch * layout.micro_batch
-    mine = np.concatenate([mine, tail[rank * per_rank:(rank + 1) * per_rank].reshape(-1, layout.micro_batch)])
-    return mine, len(tail) - per_rank * layout.world
+    return mine, rows[:, steps * plan.grad_accum:].size
 
 
 class BertDatasetProviderInterface:

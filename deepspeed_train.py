@@ -488,8 +488,8 @@ class StepResult:
 def optimizer_step(session, micro_batches, steps_left=lambda: None):
     """One optimizer step: forward and backward of its micro batches (gradient accumulation),
     then the checks every rank agrees on (a non-finite loss is skipped, see handle_nonfinite), the
-    LR for this step and the engine's step. None when `micro_batches` ends before the step does
-    (the engine stepped through what there was; the accumulation goes on in the next epoch).
+    LR for this step and the engine's step. None when `micro_batches` has ended (the epoch runs
+    whole steps: micro_batches_to_run).
     `steps_left()`: the run's optimizer steps still to go, for the progress lines' estimate."""
     cfg, state, engine = session.config, session.state, session.engine
     samples_per_micro = cfg.train_micro_batch_size_per_gpu * cfg.ranks.world
@@ -533,15 +533,27 @@ def bar_updates(batches, bar):
 
 
 def micro_batches_to_run(session, epoch, available, start):
-    """The micro batches this epoch runs on every rank: the fewest any rank has left, within
-    --max_steps_per_epoch (which counts the epoch's optimizer steps whichever session ran them)."""
+    """The micro batches this epoch runs on every rank: the fewest any rank has left, in whole
+    optimizer steps, within --max_steps_per_epoch (which counts the epoch's optimizer steps
+    whichever session ran them).
+
+    An epoch trains whole optimizer steps: the last micro batches of an epoch that do not fill a
+    step (fewer than the gradient accumulation) are not trained in it, and no accumulation runs
+    on into the next epoch. So every checkpoint, the epoch's own included, is written on a step
+    boundary, where the engine holds no pending gradients, and a resume from any of them is exact.
+    `start` (micro batches already run) is always a whole number of steps."""
     cfg = session.config
-    total = agreed_min(available, session.engine.device)
-    if total < available:
+    accum, micro = cfg.gradient_accumulation_steps, cfg.train_micro_batch_size_per_gpu
+    shortest = agreed_min(available, session.engine.device)
+    if shortest < available:
         logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
-                       "(%d samples unused)", epoch + 1, available, total,
-                       (available - total) * cfg.train_micro_batch_size_per_gpu)
-    return min(total, max(0, cfg.max_steps_per_epoch * cfg.gradient_accumulation_steps - start))
+                       "(%d samples unused)", epoch + 1, available, shortest, (available - shortest) * micro)
+    total = shortest // accum * accum
+    if total < shortest and cfg.ranks.is_main:
+        logger.warning("Epoch %d: its last %d micro-batch(es) per rank (%d samples) do not fill an optimizer step of "
+                       "%d micro-batches; an epoch trains whole steps, so they are not trained in it", epoch + 1,
+                       shortest - total, (shortest - total) * micro * cfg.ranks.world, accum)
+    return min(total, max(0, cfg.max_steps_per_epoch * accum - start))
 
 
 def run_steps_left(cfg, state, epoch, epoch_micro_end):

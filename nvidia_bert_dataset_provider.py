@@ -197,8 +197,8 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
                         .reshape(-1, plan.micro_batch))
         mine, unused = remap_epoch(rows, plan, start_batch // self.grad_accum, layout, self.rank)
         if unused:
-            logger.warning("Epoch %d: %d samples of its last partial step fill no micro batch on every rank; "
-                           "unused", index + 1, unused)
+            logger.warning("Epoch %d: the %d samples after its last whole optimizer step are not trained (an epoch "
+                           "trains whole steps)", index + 1, unused)
         dataset = PretrainingHdf5Dataset({k: np.concatenate([a[k] for a in arrays]) for k in HDF5_KEYS},
                                          " + ".join(unique), self.vocab_size)
         logger.info("Epoch %d began on %d ranks x micro batch %d x accumulation %d: its remaining %d steps "

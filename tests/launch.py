@@ -16,9 +16,9 @@ def launch(train_args, num_ranks=1, timeout=600):
                           text=True, timeout=timeout)
 
 
-def start(train_args, out_file):
+def start(train_args, out_file, num_ranks=1):
     """Start a launcher run in its own process group (as a shell job), output to a file."""
-    return subprocess.Popen(train_cmd(train_args), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
+    return subprocess.Popen(train_cmd(train_args, num_ranks), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -348,6 +348,11 @@ def continue_epoch_on_this_layout(state, saved, folder):
             f"{state.layout().global_batch} ({state.world} x {state.micro_batch} x {state.grad_accum}). Ranks, micro "
             f"batch and accumulation may change inside an epoch, the global batch may not: resume with the DeepSpeed "
             f"config saved beside it (ds_config.json), or from an epoch-end checkpoint (epoch{{E}}_step{{S}})")
+    if saved.epoch_micro_step % saved.grad_accum:
+        # only an earlier version's checkpoint: an epoch now trains whole steps, each saved on a boundary
+        logger.warning("%s: saved %d micro batch(es) into an optimizer step of epoch %d, whose gradients a "
+                       "checkpoint does not hold; resuming at the step's start, so they are trained again",
+                       folder, saved.epoch_micro_step % saved.grad_accum, saved.epoch + 1)
     state.epoch_micro_step = saved.epoch_micro_step // saved.grad_accum * state.grad_accum
     state.plan_world, state.plan_micro_batch, state.plan_grad_accum = plan if plan != state.layout() else (0, 0, 0)
     if saved_layout != state.layout():

@@ -1,0 +1,106 @@
+"""Exact resume when an epoch is not a whole number of optimizer steps.
+
+The shards here hold 80 and 112 samples: with micro batch 16 an NVIDIA epoch has 5 or 7 micro
+batches, so with gradient accumulation 2 it would end in the middle of an optimizer step. An epoch
+trains whole optimizer steps (the last micro batches that do not fill one are not trained in that
+epoch), so every checkpoint sits on a step boundary and a resume from any of them, the epoch-end
+ones included, reproduces the uninterrupted run's losses and final step: in this process on one
+rank (every tag of a run checkpointed at every step), and through the launcher on two ranks after a
+SIGKILL in the second epoch.
+"""
+import os
+import signal
+
+import pytest
+
+from testkit.synthetic import make_data_root
+from tests.launch import ds_config, launch, progress, start, tiny_argv, train_in_process, wait_for_step
+from turing.tb_events import read_run
+
+MICRO, ACCUM = 16, 2
+
+
+@pytest.fixture(scope="module")
+def odd_root(tmp_path_factory):
+    """Both formats, 2 training shards of 80 and 112 samples (not multiples of 16 x 2)."""
+    root = tmp_path_factory.mktemp("odd_data")
+    make_data_root(str(root), seq_lengths=(128,), shard_sizes=(80, 112), n_valid=16)
+    return root
+
+
+def accum_ds(folder):
+    return ds_config(folder, gradient_accumulation_steps=ACCUM)
+
+
+def run_losses(out):
+    """[(samples seen, loss)] of every optimizer step a run (and its resumes) logged."""
+    return read_run(os.path.join(out, "runs", "tiny_bert"))[0]["Train/Samples/train_loss"]
+
+
+def epoch_tags(out):
+    return sorted(t for t in os.listdir(os.path.join(out, "saved_models", "tiny_bert")) if t.startswith("epoch"))
+
+
+def step_of(tag):
+    return int(tag.split("step")[-1])
+
+
+@pytest.fixture(scope="module")
+def reference(odd_root, tmp_path_factory):
+    """provider -> (output folder, losses) of an uninterrupted one-rank run checkpointed every step."""
+    runs = {}
+    for provider in ("nvidia", "bing"):
+        out = tmp_path_factory.mktemp(f"ref_{provider}")
+        train_in_process(odd_root, out, accum_ds(out), "--checkpoint_every_steps", 1, nvidia=provider == "nvidia")
+        runs[provider] = out, run_losses(out)
+    return runs
+
+
+def test_an_epoch_trains_whole_optimizer_steps(reference):
+    out, losses = reference["nvidia"]
+    # epoch 1 reads one shard, epoch 2 the other: 5 and 7 micro batches, so 2 and 3 whole steps
+    assert sorted(step_of(t) for t in epoch_tags(out)) in ([2, 5], [3, 5])
+    assert len(losses) == 5
+    assert [samples for samples, _ in losses] == [32 * (i + 1) for i in range(5)]
+    # every step's loss is the mean over its two micro batches: none is a lone micro batch's half
+    assert min(loss for _, loss in losses) > 0.75 * max(loss for _, loss in losses)
+
+
+@pytest.mark.parametrize("provider", ["nvidia", "bing"])
+def test_resume_from_any_checkpoint_reproduces_the_run(provider, reference, odd_root, tmp_path):
+    """What a SIGKILL leaves is the newest complete checkpoint, whichever step it is: resume from
+    the epoch-end one and from one inside each epoch."""
+    ref_out, ref_losses = reference[provider]
+    epoch1 = epoch_tags(ref_out)[0]
+    resumed_from = [epoch1, "step1", f"step{step_of(epoch1) + 1}"]
+    for tag in resumed_from:
+        out = tmp_path / tag
+        train_in_process(odd_root, out, accum_ds(out), "--load_training_checkpoint",
+                         ref_out / "saved_models" / "tiny_bert", "--load_checkpoint_id", tag,
+                         nvidia=provider == "nvidia")
+        assert run_losses(out) == ref_losses[step_of(tag):], tag        # bit for bit, to the same last step
+        assert epoch_tags(out)[-1] == epoch_tags(ref_out)[-1]
+
+
+@pytest.mark.parametrize("provider", ["nvidia", "bing"])
+def test_sigkill_on_two_ranks_then_auto_resume(provider, odd_root, tmp_path):
+    """Two ranks, killed in epoch 2. NVIDIA: the ranks' shards have 5 and 7 micro batches, both run
+    4 (two whole steps) in each epoch; Bing: one step per dataset and epoch on each rank."""
+    ds = accum_ds(tmp_path / "cfg")
+    nvidia = provider == "nvidia"
+    ref = launch(tiny_argv(odd_root, tmp_path / "ref", "--print_steps", 1, ds=ds, nvidia=nvidia), num_ranks=2)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = progress(ref.stdout + ref.stderr)
+    assert [row[0] for row in reference] == [1, 2, 3, 4]
+    args = tiny_argv(odd_root, tmp_path / "out", "--print_steps", 1, "--checkpoint_every_steps", 1, "--auto_resume",
+                     ds=ds, nvidia=nvidia)
+    log = tmp_path / "killed.log"
+    proc = start(args, log, num_ranks=2)
+    wait_for_step(proc, log, 3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    again = launch(args, num_ranks=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = progress(again.stdout + again.stderr)
+    assert resumed and resumed[-1][0] == 4
+    assert resumed == reference[resumed[0][0] - 1:]
