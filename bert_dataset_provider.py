@@ -10,7 +10,8 @@ The training loop reads an epoch as an iterator of batches, from a position:
 `epoch()` runs on the original's per-epoch calls, which stay for the original's callers:
 
     refs, total = provider.get_shard(index)      # iterable of batch references, its length
-                                                 # (start_batch=N, keyword only: skip N micro batches;
+                                                 # (shuffle=False: the stored order;
+                                                 # start_batch=N, keyword only: skip N micro batches;
                                                  # plan=EpochPlan: the epoch's order was made for
                                                  # another batch layout, see remap_epoch)
     provider.prefetch_shard(index + 1)           # start loading the next epoch's shard
@@ -130,8 +131,9 @@ class BertDatasetProviderInterface:
         self.prefetch_shard(index + 1)
         return EpochBatches(self, index, refs, count)
 
-    def get_shard(self, index, *, start_batch=0, plan=None):
+    def get_shard(self, index, shuffle=True, *, start_batch=0, plan=None):
         """(batch references of epoch `index` from micro batch `start_batch` on, their count);
+        `shuffle` (the original's parameter): False keeps the data in its stored order;
         `plan`: the EpochPlan the epoch's order was made for, when not this run's layout."""
         raise NotImplementedError
 

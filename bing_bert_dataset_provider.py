@@ -49,16 +49,18 @@ DATASET_CONFIG_KEYS = {
 }
 
 
-def build_dataset_picker(batches_per_dataset, repeat, seed, epoch):
+def build_dataset_picker(batches_per_dataset, repeat, seed, epoch, shuffle=True):
     """The epoch's micro-batch order of dataset ids.
 
-    Each dataset id appears batches_per_dataset[id] times, shuffled by (seed, epoch), and each
+    Each dataset id appears batches_per_dataset[id] times, shuffled by (seed, epoch) (with
+    shuffle=False in dataset order, the original's `get_shard(index, shuffle=False)`), and each
     entry is expanded to `repeat` (= grad_accum x refresh_bucket_size) consecutive micro batches.
     """
     entries = np.concatenate([np.full(n, int(d), dtype=np.int64) for d, n in sorted(batches_per_dataset.items())]
                              + [np.zeros(0, dtype=np.int64)])
-    rng = np.random.default_rng([seed & ((1 << 64) - 1), epoch, _PICKER_SALT])
-    return np.repeat(rng.permutation(entries), repeat).tolist()
+    if shuffle:
+        entries = np.random.default_rng([seed & ((1 << 64) - 1), epoch, _PICKER_SALT]).permutation(entries)
+    return np.repeat(entries, repeat).tolist()
 
 
 class _MicroBatches(Dataset):
@@ -172,12 +174,12 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             return future.result()  # re-raises a bad-shard error met in the background
         return tokenize_shard(BingShard(folder), self.vocab_index)
 
-    def _plan_rows(self, shards, index, plan, rank):
+    def _plan_rows(self, shards, index, plan, rank, shuffle=True):
         """Epoch `index` as rank `rank` of `plan` runs it: (picker, {dataset id: rows}) with rows
         [micro batches, micro] of sample indices of that dataset's shard, in the order it uses them."""
         repeat = plan.grad_accum * self.refresh_bucket_size
         batches = {t: len(shard) // plan.world // plan.micro_batch // repeat for t, shard in shards.items()}
-        picker = build_dataset_picker(batches, repeat, self.seed, index)
+        picker = build_dataset_picker(batches, repeat, self.seed, index, shuffle)
         rows = {}
         for dataset_type, shard in shards.items():
             num_micro = batches[dataset_type] * repeat
@@ -210,12 +212,14 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                     self.world, unused)
         return picker, {d: np.asarray(r, dtype=np.int64).reshape(-1, self.micro) for d, r in rows.items()}
 
-    def get_shard(self, index, *, start_batch=0, plan=None):
+    def get_shard(self, index, shuffle=True, *, start_batch=0, plan=None):
         """Start epoch `index` at micro batch `start_batch`: returns (picker entries, their count).
 
         The picker lists the dataset id of every remaining micro batch; pass each entry to
         get_batch(). start_batch > 0 skips the first micro batches without reading them.
-        `plan`: the layout the epoch started with, when the run resumed it on another one.
+        `shuffle` (the original's parameter): False keeps the datasets' micro batches in dataset
+        order instead of interleaving them by (seed, epoch). `plan`: the layout the epoch started
+        with, when the run resumed it on another one.
         """
         if self.worker is not None or self._iterators:
             self.release_shard(self.open_epoch)
@@ -239,7 +243,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             first = {d: 0 for d in rows}
             start_batch = 0
         else:
-            picker, rows = self._plan_rows(shards, index, layout, self.rank)
+            picker, rows = self._plan_rows(shards, index, layout, self.rank, shuffle)
             first = {d: picker[:start_batch].count(d) for d in rows}
         if not picker:
             raise InputValueError(f"epoch {index}: no dataset shard holds world x micro x grad_accum x "
@@ -273,9 +277,10 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             self.worker.start()
         return remaining, len(remaining)
 
-    def get_batch(self, dataset_id):
-        """The next micro batch (turing.batch.Batch) of dataset `dataset_id` (a picker entry, in
-        picker order: the AsyncWorker fetches them in that order ahead of time)."""
+    def get_batch(self, batch_iter):
+        """The next micro batch (turing.batch.Batch) of dataset `batch_iter` (a picker entry: the
+        dataset id; in picker order, as the AsyncWorker fetches them ahead of time)."""
+        dataset_id = batch_iter
         if self.worker is not None:
             return self.worker.get(dataset_id)
         if dataset_id not in self._iterators:

@@ -786,6 +786,12 @@ def prepare_model_optimizer(args):
     return model, optimizer
 
 
+def master_process(args):
+    """The original's call: whether this process is the run's main process (global rank 0: it
+    logs, writes TensorBoard and the run files). Works before and after the process group is up."""
+    return Ranks.current().is_main
+
+
 def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=False):
     """The original's call: one epoch (`index`) of the step loop (train_epoch). `finetune` is the
     original's parameter, kept for its callers: validation is the epoch loop's business."""

@@ -171,14 +171,16 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index * 1009 + rank)
         return torch.randperm(num_samples, generator=generator)
 
-    def get_shard(self, index, *, start_batch=0, plan=None):
+    def get_shard(self, index, shuffle=True, *, start_batch=0, plan=None):
         """(iterator over the epoch's micro batches from `start_batch` on, micro batches left).
+        `shuffle` (the interface's parameter): False reads the shard's samples in file order.
         `plan`: the layout the epoch started with, when the run resumed it on another one."""
         layout = EpochPlan(self.world, self.micro_batch, self.grad_accum)
         if plan is not None and plan != layout:
             return self._remapped_shard(index, start_batch, plan, layout)
         dataset = self._dataset(index)
-        order = self._order(len(dataset), index, self.rank)[start_batch * self.micro_batch:]
+        order = self._order(len(dataset), index, self.rank) if shuffle else torch.arange(len(dataset))
+        order = order[start_batch * self.micro_batch:]
         return self._open_loader(dataset, index, order.tolist(), start_batch)
 
     def _remapped_shard(self, index, start_batch, plan, layout):

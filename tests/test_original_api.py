@@ -1,5 +1,7 @@
 """The original's calls, written as its users wrote them, run unchanged: the training functions
 of deepspeed_train.py, the AsyncWorker and the providers' shard interface."""
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -96,10 +98,27 @@ def test_get_shard_called_as_the_original_interface(data_root, provider_name):
             provider.prefetch_batch()
         provider.release_shard(0)
         assert len(batches) == total_length > 0 and all(b.input_ids.shape == (16, 128) for b in batches)
-        with pytest.raises(TypeError):      # the original's (index, shuffle) is no start position here
-            provider.get_shard(0, True)
+        # the original's (index, shuffle): True is the same epoch; False the stored order, the same batches
+        assert [b.input_ids.tolist() for b in read_shard(provider, 0, True)] == [b.input_ids.tolist() for b in batches]
+        in_order = read_shard(provider, 0, False)
+        assert [b.input_ids.tolist() for b in in_order] != [b.input_ids.tolist() for b in batches]
+        assert sample_rows(in_order) == sample_rows(batches)          # every sample once, in another order
     finally:
         provider.close()
+
+
+def sample_rows(batches):
+    return sorted(str(row) for b in batches for row in b.input_ids.tolist())
+
+
+def read_shard(provider, index, shuffle):
+    refs, _ = provider.get_shard(index, shuffle)
+    batches = []
+    for ref in refs:
+        batches.append(provider.get_batch(ref))
+        provider.prefetch_batch()
+    provider.release_shard(index)
+    return batches
 
 
 def test_async_worker_false_means_off(data_root):
@@ -114,3 +133,74 @@ def test_async_worker_false_means_off(data_root):
         on.close()
     with pytest.raises(InputError, match=r"mixed_seq_training\.128\.async_worker: expected true or false"):
         BingBertDatasetProvider(_bing_args(data_root, "false"))
+
+
+# Every public function and method of the original's scripts, with its parameters in order:
+# ours must take them as the original's callers pass them (ours may add optional ones after).
+ORIGINAL_API = {
+    "deepspeed_train": {
+        "checkpoint_model": "PATH ckpt_id model epoch last_global_step last_global_data_samples",
+        "load_training_checkpoint": "args model PATH ckpt_id",
+        "get_dataloader": "args dataset eval_set",
+        "pretrain_validation": "args index model",
+        "master_process": "args",
+        "train": "args index model optimizer pretrain_dataset_provider finetune",
+        "update_learning_rate": "args config current_global_step optimizer",
+        "report_step_metrics": "args lr loss step data_sample_count",
+        "report_lamb_coefficients": "args optimizer",
+        "get_arguments": "",
+        "construct_arguments": "",
+        "prepare_optimizer_parameters": "args model",
+        "prepare_model_optimizer": "args",
+        "load_checkpoint": "args model",
+        "run": "args model optimizer start_epoch",
+        "main": "",
+    },
+    "utils": {"get_argument_parser": "", "is_time_to_exit": "args epoch_steps global_steps"},
+    "data_worker": {"AsyncWorker": "dataloaders dataset_picker", "AsyncWorker.run": "self",
+                    "AsyncWorker.get": "self", "AsyncWorker.prefetch": "self", "AsyncWorker.stop": "self"},
+    "bing_bert_dataset_provider": {f"BingBertDatasetProvider.{name}": params for name, params in {
+        "get_shard": "self index shuffle", "release_shard": "self index", "prefetch_shard": "self index",
+        "get_batch": "self batch_iter", "prefetch_batch": "self"}.items()},
+    "nvidia_bert_dataset_provider": {f"NvidiaBertDatasetProvider.{name}": params for name, params in {
+        "get_shard": "self index", "release_shard": "self index", "prefetch_shard": "self index",
+        "get_batch": "self batch_iter", "prefetch_batch": "self"}.items()},
+    "turing.models": {f"BertMultiTask.{name}": params for name, params in {
+        "__init__": "self args", "set_device": "self device", "save": "self filename", "load": "self model_state_dict",
+        "move_batch": "self batch non_blocking", "eval": "self", "train": "self", "save_bert": "self filename",
+        "to": "self device", "half": "self"}.items()},
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(ORIGINAL_API))
+def test_every_public_function_of_the_original_is_here(module_name):
+    module = importlib.import_module(module_name)
+    for name, params in ORIGINAL_API[module_name].items():
+        target = module
+        for part in name.split("."):
+            assert hasattr(target, part), f"{module_name}.{name} is missing"
+            target = getattr(target, part)
+        ours = list(inspect.signature(target).parameters.values())
+        wanted = params.split()
+        assert [p.name for p in ours[:len(wanted)]] == wanted, f"{module_name}.{name}{inspect.signature(target)}"
+        assert all(p.default is not p.empty or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                   for p in ours[len(wanted):]), f"{module_name}.{name}: a new parameter without a default"
+
+
+def test_master_process_and_the_model_calls(data_root, tmp_path, monkeypatch):
+    from deepspeed_train import master_process
+    from tests.launch import tiny_argv
+    from turing.models import BertMultiTask
+
+    args = construct_arguments(tiny_argv(data_root, tmp_path))
+    assert master_process(args) is True                      # one process, no process group
+    model = BertMultiTask(args)
+    model.half()
+    assert next(model.network.parameters()).dtype == torch.float16
+    model.to(torch.device("cpu"))
+    assert model.device == torch.device("cpu")
+    model.save_bert(tmp_path / "encoder.pt")
+    encoder = torch.load(tmp_path / "encoder.pt", weights_only=True)
+    assert set(encoder) == {k[len("bert."):] for k in model.network.state_dict() if k.startswith("bert.")}
+    monkeypatch.setattr("utils.get_rank_and_world", lambda: (1, 2))
+    assert master_process(args) is False                     # rank 1 of 2

@@ -76,7 +76,10 @@ class BertMultiTask:
     def save(self, filename):
         torch.save(self._module().state_dict(), filename)
 
-    def load(self, state_dict_file):
+    def load(self, model_state_dict):
+        """The weights of the state dict file `model_state_dict` (the original's parameter name),
+        read weights-only, keys and shapes checked against the model."""
+        state_dict_file = model_state_dict
         if not os.path.isfile(state_dict_file):
             raise InputFileNotFoundError(f"model weights {state_dict_file}: file not found")
         try:
@@ -106,3 +109,14 @@ class BertMultiTask:
 
     def train(self):
         self.network.train()
+
+    def save_bert(self, filename):
+        """The encoder's weights alone (`bert.*` without the prefix, as the original's save_bert)."""
+        torch.save(self._module().bert.state_dict(), filename)
+
+    def to(self, device):
+        self.network.to(device)
+        self.set_device(device)
+
+    def half(self):
+        self.network.half()
