@@ -398,7 +398,8 @@ def start_session(cfg, model, optimizer, validation_set=None):
     clock = TrainClock()
     flops = bert_training_flops(model.config, cfg.max_seq_length, cfg.max_predictions_per_seq)
     reporter = Reporter(cfg, clock, flops,
-                        lambda: peak_tflops(model.network.device, precision_of(cfg.ds_config), cfg.peak_tflops))
+                        lambda again=False: peak_tflops(model.network.device, precision_of(cfg.ds_config),
+                                                        cfg.peak_tflops, again))
     checkpointer = Checkpointer(cfg, model.network, clock, before_write=lambda: reporter.flush(to_disk=True))
     validator = Validator(cfg, validation_set, clock, reporter)
     session = Session(cfg, model, optimizer, state, clock, reporter, checkpointer, validator, StopSignals())

@@ -11,6 +11,7 @@ TINY_CFG = os.path.join(REPO, "configs", "tiny", "bert_config.json")
 TINY_DS = os.path.join(REPO, "configs", "tiny", "ds_config.json")
 PROGRESS = re.compile(r"bing_bert_progress: step=(\d+), loss=([0-9.eE+-]+|nan|inf), lr=([0-9.eE+-]+), "
                       r"sample_count=(\d+)")
+PROGRESS_MFU = re.compile(r"bing_bert_progress: step=\d+, .*?mfu=([0-9.]+)%")
 
 
 def free_port():

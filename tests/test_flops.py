@@ -72,3 +72,24 @@ def test_a_measured_peak_leaves_the_global_generator_alone(precision):
     before = torch.get_rng_state()
     measured_peak_tflops("cpu", precision)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_measured_peak_below_the_runs_own_rate_is_raised_never_mfu_above_100(data_root, tmp_path, capsys,
+                                                                              monkeypatch):
+    """A peak measured while the machine was busy (here: as if it had measured a thousandth of a
+    GFLOP/s) is measured again, and raised to the model's own rate where that is higher: the
+    progress lines never print an MFU above 100%, and say what the peak is."""
+    from tests.launch import ds_config, train_in_process
+    from testkit.launcher import PROGRESS_MFU
+    from turing import flops
+
+    monkeypatch.setattr(flops, "measured_peak_tflops", lambda device_type, precision: 1e-12)
+    measured_again = []
+    monkeypatch.setattr(flops, "measure_matmul_tflops", lambda *a: measured_again.append(a) or 2e-12)
+    train_in_process(data_root, tmp_path / "out", ds_config(tmp_path), "--log_level", "info", "--max_steps", 4,
+                     "--peak_tflops", "measure")
+    err = capsys.readouterr().err
+    mfus = [float(m) for m in PROGRESS_MFU.findall(err)]
+    assert len(mfus) == 4 and max(mfus) <= 100.0
+    assert measured_again                                    # the busy machine's figure was measured again
+    assert "above the measured peak of 1e-12" in err and "MFU is now against" in err

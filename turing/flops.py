@@ -32,7 +32,10 @@ Padding counts as tokens (s is the padded length), as in NVIDIA's and MosaicML's
 
 MFU = (sequences/s x FLOPs per sequence) / (ranks x peak FLOP/s of one device). The peak is
 --peak_tflops, else the dense tensor-core figure of a known GPU (PEAK_TFLOPS), else (the CPU, an
-unknown GPU, or --peak_tflops measure) the rate of a large matmul measured here.
+unknown GPU, or --peak_tflops measure) the rate of a large matmul measured here. A measured peak
+is only a lower bound of what the device can do (measured under whatever else runs at the time):
+when the run's own model FLOP rate exceeds it, the reporter measures again and takes the larger
+of the two rates, so a measured MFU never exceeds 100% (turing.reporting).
 """
 import functools
 import time
@@ -90,7 +93,13 @@ def table_peak_tflops(device_name, precision):
 @functools.lru_cache(maxsize=None)
 def measured_peak_tflops(device_type, precision):
     """TFLOP/s of a square matmul on this device in this precision (largest of a few timed runs;
-    about a second on a GPU, a fraction of one on a CPU), once per process."""
+    about a second on a GPU, a fraction of one on a CPU), once per process (`measure_matmul_tflops`
+    measures again)."""
+    return measure_matmul_tflops(device_type, precision)
+
+
+def measure_matmul_tflops(device_type, precision):
+    """TFLOP/s of a square matmul, measured now (on this process's torch threads)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
     size = 8192 if device_type == "cuda" else 512
     generator = torch.Generator(device_type).manual_seed(0)  # not the global one: dropout draws from that
@@ -110,13 +119,23 @@ def measured_peak_tflops(device_type, precision):
     return best / 1e12
 
 
-def peak_tflops(device, precision, requested=None):
+MEASURED_SOURCE = "measured {precision} matmul on {name}"
+
+
+def peak_tflops(device, precision, requested=None, again=False):
     """(peak TFLOP/s of one device, where the figure comes from): `requested` (a number, or
-    MEASURE), else the table for a known GPU, else a measured matmul."""
+    MEASURE), else the table for a known GPU, else a measured matmul (`again`: measured now,
+    not the process's first measurement)."""
     if requested not in (None, MEASURE):
         return float(requested), "--peak_tflops"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = table_peak_tflops(name, precision) if requested is None and device.type == "cuda" else None
     if peak is not None:
         return peak, f"{name} {precision} data sheet"
-    return measured_peak_tflops(device.type, precision), f"measured {precision} matmul on {name}"
+    measure = measure_matmul_tflops if again else measured_peak_tflops
+    return measure(device.type, precision), MEASURED_SOURCE.format(precision=precision, name=name)
+
+
+def is_measured(source):
+    """Whether a peak's source (peak_tflops' second value) is a measurement, a lower bound."""
+    return source.startswith("measured")
