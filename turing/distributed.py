@@ -6,6 +6,7 @@ A rank whose peer died or hangs raises out of a collective instead of waiting fo
 one line naming --auto_resume.
 """
 import datetime
+import errno
 import os
 import socket
 import traceback
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as dist_c10d
 from deepspeed.accelerator import get_accelerator
 
+from turing.errors import InputError
 from utils import Ranks
 
 SHM_ALLREDUCE_NAME = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
@@ -27,7 +29,13 @@ def setup_process_group(timeout_seconds):
     test), the process is one rank of one. Does nothing more when the group is up already."""
     if not dist.is_initialized():
         ensure_process_group_env()
-        deepspeed.init_distributed(timeout=bound_collectives(timeout_seconds))
+        check_master_port_free()
+        try:
+            deepspeed.init_distributed(timeout=bound_collectives(timeout_seconds))
+        except dist.DistNetworkError as e:
+            if is_port_in_use(e):  # taken between the check and the bind
+                raise InputError(port_in_use_message()) from None
+            raise
         if get_accelerator().device_name() != "cpu":  # collectives before the engine's, on this rank's GPU
             get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
         release_shm_allreduce_name()
@@ -43,6 +51,31 @@ def ensure_process_group_env():
         port = s.getsockname()[1]
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+
+
+def check_master_port_free():
+    """On rank 0, before the process group starts: MASTER_PORT must be free, since rank 0 binds
+    the group's rendezvous there (another run on the machine holding it, two demos at once, is
+    one line naming the launcher's --master_port, not a lost peer minutes later). Under torch
+    elastic (torchrun) its agent holds the port itself, and MPI starts its own rendezvous."""
+    env = os.environ
+    if env.get("RANK") != "0" or "TORCHELASTIC_RUN_ID" in env or "MASTER_PORT" not in env:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds: only a listener refuses
+        try:
+            s.bind(("", int(env["MASTER_PORT"])))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise InputError(port_in_use_message()) from None
+            raise
+
+
+def port_in_use_message():
+    port = os.environ.get("MASTER_PORT")
+    return (f"MASTER_PORT {port} is in use on this machine (another run, or another program, listens there): "
+            f"give the deepspeed launcher a free port, e.g. deepspeed --master_port {int(port) + 1} ... "
+            f"(scripts/demo.sh picks one itself)")
 
 
 def bound_collectives(seconds):
@@ -107,10 +140,27 @@ def agreed_min(count, device):
     return int(all_reduce(torch.tensor([count], dtype=torch.long, device=device), dist.ReduceOp.MIN).item())
 
 
+# What the backends say when a peer is gone or silent (gloo: "Connection closed by peer",
+# "Timed out waiting 3000ms for recv"; the TCP store: "Connection reset by peer", "Broken pipe";
+# NCCL's watchdog: "communicator was aborted", "collective operation timeout"), lower-cased.
+LOST_PEER_MESSAGES = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
+                      "timeout", "connection refused", "no route to host", "communicator was aborted",
+                      "failed to recv", "socket closed")
+
+
 def is_collective_failure(error):
-    """Whether `error` came out of torch.distributed: its errors (a timeout is a DistError) or one
-    of gloo's RuntimeErrors (a peer's connection closed) raised inside a collective."""
-    if isinstance(error, dist.DistError):
+    """Whether `error` means a lost peer: the TCP store's network errors, or an error raised inside
+    torch.distributed whose message says a connection closed or a collective timed out. Any other
+    error of a collective (a wrong root rank, mismatched tensor sizes: a bug) is not one, and keeps
+    its traceback."""
+    if isinstance(error, (dist.DistNetworkError, dist.DistStoreError)) and not is_port_in_use(error):
         return True
     frames = traceback.extract_tb(error.__traceback__)
-    return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames[-3:])
+    inside = isinstance(error, dist.DistError) or any(
+        f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename for frame in frames[-3:])
+    message = str(error).lower()
+    return inside and any(marker in message for marker in LOST_PEER_MESSAGES)
+
+
+def is_port_in_use(error):
+    return "eaddrinuse" in str(error).lower() or "address already in use" in str(error).lower()

@@ -1,0 +1,72 @@
+"""Errors of the process group told apart: a peer that died or went silent is one line naming
+--auto_resume (exit 5); a plain bug inside a collective keeps its traceback; a rendezvous port
+another run holds is named as such, with the launcher flag that fixes it, before any work."""
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from testkit.launcher import REPO, free_port, launch_env, train_cmd
+from tests.launch import tiny_args
+from turing.distributed import is_collective_failure, setup_process_group
+
+PEER = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    from turing.distributed import is_collective_failure
+    rank, mode = int(sys.argv[1]), sys.argv[2]
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+    dist.barrier()
+    if rank == 1:
+        if mode == "silent":
+            time.sleep(30)
+        os._exit(0)                      # dies without a word
+    time.sleep(1)
+    try:
+        dist.all_reduce(torch.zeros(2))
+    except RuntimeError as e:
+        print("lost peer" if is_collective_failure(e) else "bug", flush=True)
+    os._exit(0)
+""")
+
+
+@pytest.mark.parametrize("mode", ["dead", "silent"])
+def test_a_dead_or_silent_peer_is_a_lost_peer(mode):
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", PEER, str(r), mode, port], cwd=REPO, env=launch_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in (1, 0)]
+    out = ranks[1].communicate(timeout=120)[0]
+    ranks[0].kill()
+    ranks[0].wait()
+    assert out.strip().splitlines()[-1] == "lost peer"
+
+
+def test_a_bug_inside_a_collective_is_not_a_lost_peer():
+    setup_process_group(60)
+    with pytest.raises(RuntimeError, match="invalid root rank") as bug:
+        dist.broadcast(torch.zeros(2), src=dist.get_world_size() + 2)
+    assert not is_collective_failure(bug.value)
+    with pytest.raises(RuntimeError, match="invalid tensor size") as bug:
+        dist.all_gather([torch.zeros(3)] * dist.get_world_size(), torch.zeros(2))
+    assert not is_collective_failure(bug.value)
+
+
+def test_a_port_in_use_is_named_before_any_work(data_root, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cmd = train_cmd(tiny_args(data_root, tmp_path / "out", 128))
+        cmd[cmd.index("--master_port") + 1] = str(port)
+        run = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert f"error: MASTER_PORT {port} is in use on this machine" in log and "--master_port" in log
+    assert "lost the other ranks" not in log and "Traceback" not in log
+    assert not (tmp_path / "out" / "saved_models" / "tiny_bert").exists() or \
+        not list((tmp_path / "out" / "saved_models" / "tiny_bert").iterdir())
