@@ -794,9 +794,14 @@ def master_process(args):
 
 
 def train(args, index, model, optimizer, pretrain_dataset_provider, finetune=False):
-    """The original's call: one epoch (`index`) of the step loop (train_epoch). `finetune` is the
-    original's parameter, kept for its callers: validation is the epoch loop's business."""
-    return train_epoch(model.session, index, pretrain_dataset_provider)
+    """The original's call: one epoch (`index`) of the step loop (train_epoch), then, unless
+    `finetune`, validation, as the original's train() ended (without a validation set, none).
+    Returns the stop reason of train_epoch."""
+    session = model.session
+    stop = train_epoch(session, index, pretrain_dataset_provider)
+    if not finetune:
+        session.validator.run(model, session.state, index, epoch_end=session.state.epoch == index + 1)
+    return stop
 
 
 def run(args, model, optimizer, start_epoch, provider=None):

@@ -204,3 +204,21 @@ def test_master_process_and_the_model_calls(data_root, tmp_path, monkeypatch):
     assert set(encoder) == {k[len("bert."):] for k in model.network.state_dict() if k.startswith("bert.")}
     monkeypatch.setattr("utils.get_rank_and_world", lambda: (1, 2))
     assert master_process(args) is False                     # rank 1 of 2
+
+
+@pytest.mark.parametrize("finetune", [False, True])
+def test_train_validates_unless_finetune(data_root, tmp_path, monkeypatch, finetune):
+    """The original's train(..., finetune=False) ended its epoch with validation; finetune=True skips it."""
+    from tests.launch import tiny_argv
+
+    args = construct_arguments(tiny_argv(data_root, tmp_path / "out", "--validation_data_path_prefix",
+                                         os.path.join(data_root, "nvidia", "128")))
+    model, optimizer = prepare_model_optimizer(args)
+    provider = NvidiaBertDatasetProvider(args)
+    try:
+        train(args, 0, model, optimizer, provider, finetune=finetune)
+    finally:
+        provider.close()
+        model.session.reporter.close()
+    scalars, _ = read_run(args.tensorboard_path)
+    assert ("Validation/Loss" in scalars) is not finetune

@@ -2,6 +2,7 @@
 portable LAMB with bf16 and progressive layer drop, the time budget, --use_pretrain from
 each source, and the metrics written to TensorBoard."""
 import json
+import math
 import time
 import os
 from types import SimpleNamespace
@@ -252,3 +253,33 @@ def test_metrics_are_on_disk_once_a_checkpoint_is(data_root, tmp_path):
     reporter.flush(to_disk=True)
     assert [s for s, _ in read_run(str(tmp_path / "tb"))[0]["Train/loss"]] == list(range(1, 51))
     reporter.close()
+
+
+def test_the_ds_configs_progressive_layer_drop_block_is_honoured(data_root, tmp_path, capsys):
+    """`enabled: true` alone turns PLD on (the engine's theta reaches the model); the flag with
+    `enabled: false`, and a theta or gamma no schedule can mean, are one line before any work."""
+    from tests.launch import expect_input_error
+
+    on = ds_config(tmp_path / "on", progressive_layer_drop={"enabled": True, "theta": 0.5, "gamma": 0.1})
+    train(data_root, tmp_path / "out", on, "--max_steps", 2)
+    theta = [v for _, v in scalars(tmp_path / "out")[0]["Train/pld_theta"]]
+    assert theta == pytest.approx([1.0, 0.5 * math.exp(-0.1) + 0.5])
+    cases = [({"enabled": False}, ["--progressive_layer_drop"], "progressive_layer_drop.enabled is false but "
+                                                                "--progressive_layer_drop is given"),
+             ({"enabled": True, "theta": 1.5}, [], "progressive_layer_drop.theta must be > 0 and <= 1, got 1.5"),
+             ({"enabled": True, "theta": 0}, [], "progressive_layer_drop.theta must be > 0 and <= 1, got 0"),
+             ({"enabled": True, "gamma": -0.1}, [], "progressive_layer_drop.gamma must be >= 0, got -0.1"),
+             ({"enabled": "yes"}, [], "progressive_layer_drop.enabled must be true or false, got 'yes'")]
+    for i, (block, flags, expected) in enumerate(cases):
+        ds = ds_config(tmp_path / f"bad{i}", progressive_layer_drop=block)
+        line = expect_input_error(capsys, train, data_root, tmp_path / f"bad{i}" / "out", ds, *flags)
+        assert expected in line, line
+
+
+def test_local_rank_flag_and_the_launchers_must_agree(data_root, tmp_path, capsys, monkeypatch):
+    from tests.launch import expect_input_error
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    line = expect_input_error(capsys, train, data_root, tmp_path / "out", ds_config(tmp_path), "--local_rank", "1")
+    assert "--local_rank 1 differs from the launcher's LOCAL_RANK 0" in line
+    assert train(data_root, tmp_path / "same", ds_config(tmp_path), "--local_rank", "0", "--max_steps", 1).global_step == 1

@@ -149,14 +149,55 @@ def complete_arguments(args):
     if args.deepspeed_config is None:
         raise InputError("--deepspeed_config is required (a DeepSpeed JSON config, e.g. ds_config.json)")
     args.ds_config = _read_json(args.deepspeed_config, "DeepSpeed config (--deepspeed_config)")
-    if args.progressive_layer_drop and "progressive_layer_drop" not in args.ds_config:
-        raise InputError(f"{args.deepspeed_config}: --progressive_layer_drop needs a 'progressive_layer_drop' "
-                         f"block ({{\"enabled\": true, \"theta\": 0.5, \"gamma\": 0.001}})")
+    check_progressive_layer_drop(args)
+    check_local_rank(args)
     if args.max_predictions_per_seq > args.max_seq_length:
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
                          f"--max_seq_length {args.max_seq_length}")
     check_config_values(args)
     return args
+
+
+def check_progressive_layer_drop(args):
+    """Progressive layer drop is on with --progressive_layer_drop or with the DeepSpeed config's
+    progressive_layer_drop.enabled true (the original's recipe sets both); its theta (the final
+    keep rate, in (0, 1]) and gamma (the decay rate, >= 0) are checked here, before any work. The
+    flag with `enabled: false`, or without the block, is refused: one of them is a mistake."""
+    path, block = args.deepspeed_config, args.ds_config.get("progressive_layer_drop")
+    if block is None:
+        if args.progressive_layer_drop:
+            raise InputError(f"{path}: --progressive_layer_drop needs a 'progressive_layer_drop' block "
+                             f"({{\"enabled\": true, \"theta\": 0.5, \"gamma\": 0.001}})")
+        return
+    if not isinstance(block, dict):
+        raise InputError(f"{path}: progressive_layer_drop must be an object such as "
+                         f"{{\"enabled\": true, \"theta\": 0.5, \"gamma\": 0.001}}, got {block!r}")
+    enabled = block.get("enabled", None)
+    if enabled not in (None, True, False):
+        raise InputError(f"{path}: progressive_layer_drop.enabled must be true or false, got {enabled!r}")
+    if args.progressive_layer_drop and enabled is False:
+        raise InputError(f"{path}: progressive_layer_drop.enabled is false but --progressive_layer_drop is given; "
+                         f"set it true, or leave the flag out to train without layer drop")
+    if enabled and not args.progressive_layer_drop:
+        logger.info("%s: progressive_layer_drop.enabled is true: progressive layer drop is on", path)
+        args.progressive_layer_drop = True
+    if args.progressive_layer_drop:
+        _check_value(block.get("theta", 0.5), f"{path}: progressive_layer_drop.theta", 0, above=True, high=1)
+        _check_value(block.get("gamma", 0.001), f"{path}: progressive_layer_drop.gamma", 0)
+
+
+def check_local_rank(args):
+    """--local_rank (the original's flag, which the deepspeed launcher passes) and the launcher's
+    LOCAL_RANK must agree; given alone, --local_rank is this process's place on its node (the
+    device it uses), as LOCAL_RANK would be."""
+    if args.local_rank is None or args.local_rank < 0:
+        return
+    env = os.environ.get("LOCAL_RANK")
+    if env is None:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+    elif env != str(args.local_rank):
+        raise InputError(f"--local_rank {args.local_rank} differs from the launcher's LOCAL_RANK {env}; "
+                         f"leave --local_rank to the launcher")
 
 
 def _check_value(value, name, low, *, above=False, high=None, integer=False):
