@@ -49,7 +49,7 @@ from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of,
                              transformer_kernel_settings)
 from turing.models import BertMultiTask
 from turing.reporting import Reporter, write_metrics
-from turing.run_config import RunConfig, RunState, complete_arguments
+from turing.run_config import RunConfig, RunState, complete_arguments, pld_setting
 from turing.signals import StopSignals
 from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
@@ -386,8 +386,7 @@ class Session:
 
 
 def pld_theta(cfg, step):
-    block = cfg.ds_config["progressive_layer_drop"]
-    theta_bar, gamma = block.get("theta", 0.5), block.get("gamma", 0.001)
+    theta_bar, gamma = pld_setting(cfg.ds_config, "theta"), pld_setting(cfg.ds_config, "gamma")
     return (1.0 - theta_bar) * math.exp(-gamma * step) + theta_bar
 
 

@@ -158,6 +158,14 @@ def complete_arguments(args):
     return args
 
 
+PLD_DEFAULTS = {"theta": 0.5, "gamma": 0.001}   # the progressive_layer_drop block's, as DeepSpeed's
+
+
+def pld_setting(ds_config, key):
+    """theta or gamma of the DeepSpeed config's progressive_layer_drop block (its default where absent)."""
+    return (ds_config.get("progressive_layer_drop") or {}).get(key, PLD_DEFAULTS[key])
+
+
 def check_progressive_layer_drop(args):
     """Progressive layer drop is on with --progressive_layer_drop or with the DeepSpeed config's
     progressive_layer_drop.enabled true (the original's recipe sets both); its theta (the final
@@ -182,8 +190,9 @@ def check_progressive_layer_drop(args):
         logger.info("%s: progressive_layer_drop.enabled is true: progressive layer drop is on", path)
         args.progressive_layer_drop = True
     if args.progressive_layer_drop:
-        _check_value(block.get("theta", 0.5), f"{path}: progressive_layer_drop.theta", 0, above=True, high=1)
-        _check_value(block.get("gamma", 0.001), f"{path}: progressive_layer_drop.gamma", 0)
+        _check_value(pld_setting(args.ds_config, "theta"), f"{path}: progressive_layer_drop.theta", 0, above=True,
+                     high=1)
+        _check_value(pld_setting(args.ds_config, "gamma"), f"{path}: progressive_layer_drop.gamma", 0)
 
 
 def check_local_rank(args):
