@@ -17,7 +17,7 @@ DATA=$(cd "$DATA" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-launcher=(deepspeed)
+launcher=(bash scripts/run_launcher.sh deepspeed)   # Ctrl-C without the runner's traceback (run_launcher.sh says why)
 if [ -n "${HOSTFILE:-}" ]; then launcher+=(--hostfile "$HOSTFILE"); fi
 # LAUNCHER_ARGS: more launcher flags, e.g. "--launcher openmpi" for the MPI variants of the 1-bit scripts
 if [ -n "${LAUNCHER_ARGS:-}" ]; then read -r -a extra_launcher_args <<< "$LAUNCHER_ARGS"; launcher+=("${extra_launcher_args[@]}"); fi

@@ -24,7 +24,7 @@ launcher=$(command -v deepspeed || echo "$PY -m deepspeed.launcher.runner")
 # a free port for the run's rendezvous, so that two demos (or another job) on one machine do not collide
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 # keep these flags in step with the "demo" and "demo_modern" recipes of bench/bench_quality.py
-$launcher --num_gpus 1 --master_port "$port" deepspeed_train.py \
+bash scripts/run_launcher.sh $launcher --num_gpus 1 --master_port "$port" deepspeed_train.py \
   --cf "$CONFIGS/bert_config.json" --deepspeed --deepspeed_config "$CONFIGS/ds_config.json" --job_name demo_bert \
   --use_nvidia_dataset --data_path_prefix "$WORK" --validation_data_path_prefix "$WORK" \
   --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 52 --lr_schedule WSD \

@@ -17,6 +17,7 @@ import torch
 import deepspeed_train
 import turing.checkpointer
 from tests.launch import TINY_CFG, TINY_DS, start, tiny_args, train_in_process, wait_for_step
+from testkit.launcher import REPO, launch_env, train_cmd
 from turing.checkpoint import COMPLETE_MARKER, complete_tags, resume_candidates
 from turing.errors import InputError
 from turing.run_config import RunState
@@ -234,6 +235,28 @@ def test_stop_signal_with_dataloader_workers_writes_a_checkpoint(provider, sig, 
     # validation after each finished epoch, not after the stop by a signal
     assert log.count("Validation at step") == log.count("(end of epoch") == \
         (int(tag[4:]) - 1) // (4 if provider == "nvidia" else 8)
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["run_launcher", "bare_deepspeed"])
+def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tmp_path):
+    """Ctrl-C (SIGINT to the job's process group) through scripts/run_launcher.sh, as demo.sh and the
+    GPU scripts start the launcher: the rank's stop line and checkpoint, no KeyboardInterrupt
+    traceback from DeepSpeed's runner after it. Started bare, the runner's traceback is DeepSpeed's
+    own (the README says so): the stop and its checkpoint are the same."""
+    args = _long_run_args(data_root, tmp_path, True)
+    log = tmp_path / "run.log"
+    wrapper = ["bash", os.path.join(REPO, "scripts", "run_launcher.sh")] if wrapped else []
+    proc = subprocess.Popen([*wrapper, *train_cmd(args)], cwd=REPO, env=launch_env(), stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_step(proc, log, 2)
+    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) != 0
+    _wait_gone(tree)
+    text = log.read_text()
+    assert "stopped by SIGINT; checkpoint of global step" in text, text[-3000:]
+    assert latest(tmp_path / "out").startswith("step")
+    assert ("KeyboardInterrupt" in text) is not wrapped, text[-3000:]
 
 
 def test_killing_the_deepspeed_command_stops_the_rank_and_a_second_run_waits_for_it(data_root, tmp_path, capsys):
