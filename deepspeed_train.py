@@ -166,8 +166,15 @@ def open_output_folder(cfg):
     except OSError as e:
         raise InputError(f"--output_dir {cfg.output_dir}: cannot create {cfg.saved_model_path} ({e.strerror}); "
                          f"give a folder this user can write to") from None
-    logger.info("Arguments: %s", json.dumps(cfg.arguments, default=str))
-    logger.info("Job config: %s", json.dumps(cfg.config))
+    training = cfg.config["training"]
+    logger.info("Run %s: seq %d, global batch %d (%d rank(s) x micro batch %d x accumulation %d), %d epoch(s), LR %g "
+                "(--lr_schedule %s), into %s (all arguments and the job config: --log_level debug, and args.json, "
+                "job_config.json beside each checkpoint)", cfg.job_name, cfg.max_seq_length,
+                cfg.ranks.world * cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps, cfg.ranks.world,
+                cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps, training["num_epochs"],
+                training["learning_rate"], cfg.lr_schedule, cfg.saved_model_path)
+    logger.debug("Arguments: %s", json.dumps(cfg.arguments, default=str))
+    logger.debug("Job config: %s", json.dumps(cfg.config))
 
 
 def build_provider(cfg):
@@ -425,7 +432,7 @@ def train_epochs(session, start_epoch, provider):
     with logging_redirect_tqdm():  # log lines never cut into the progress bar
         for epoch in range(start_epoch, num_epochs):
             logger.info("Training epoch %d of %d", epoch + 1, num_epochs)
-            started = time.time()
+            started, resumed_at = time.time(), state.epoch_micro_step if epoch == state.epoch else 0
             stop = train_epoch(session, epoch, provider)
             session.reporter.flush()
             if state.epoch == epoch + 1 and session.checkpointer.keeps_epoch(state.epoch):
@@ -433,7 +440,9 @@ def train_epochs(session, start_epoch, provider):
             elif stop is not None:
                 session.checkpointer.save(state, f"step{state.global_step}")
             session.validator.run(session.model, state, epoch, epoch_end=state.epoch == epoch + 1)
-            logger.info("Epoch %d took %.1f s", epoch + 1, time.time() - started)
+            logger.info("Epoch %d took %.1f s%s", epoch + 1, time.time() - started,
+                        f" in this session (resumed after {resumed_at // cfg.gradient_accumulation_steps} of its "
+                        f"optimizer steps)" if resumed_at else "")
             if stop is not None:
                 logger.warning("Stopping: %s reached at epoch %d, global step %d",
                                "--max_train_hours" if stop == "time" else "--max_steps", epoch + 1, state.global_step)

@@ -3,6 +3,7 @@ portable LAMB with bf16 and progressive layer drop, the time budget, --use_pretr
 each source, and the metrics written to TensorBoard."""
 import json
 import math
+import re
 import time
 import os
 from types import SimpleNamespace
@@ -283,3 +284,18 @@ def test_local_rank_flag_and_the_launchers_must_agree(data_root, tmp_path, capsy
     line = expect_input_error(capsys, train, data_root, tmp_path / "out", ds_config(tmp_path), "--local_rank", "1")
     assert "--local_rank 1 differs from the launcher's LOCAL_RANK 0" in line
     assert train(data_root, tmp_path / "same", ds_config(tmp_path), "--local_rank", "0", "--max_steps", 1).global_step == 1
+
+
+def test_the_log_at_info_has_short_lines_and_says_what_an_epoch_took_after_a_resume(data_root, tmp_path, capsys):
+    """The resolved run in one readable line (the full arguments and job config at debug level and
+    beside each checkpoint); after a resume inside epoch 1, its time is this session's, said so."""
+    out = tmp_path / "out"
+    train(data_root, out, ds_config(tmp_path), "--max_steps", 3, "--log_level", "info")
+    first = capsys.readouterr().err
+    assert "Run tiny_bert: seq 128, global batch 16 (1 rank(s) x micro batch 16 x accumulation 1), 2 epoch(s)" in first
+    assert max(len(line) for line in first.splitlines()) < 400
+    train(data_root, out, ds_config(tmp_path), "--auto_resume", "--log_level", "info")
+    resumed = capsys.readouterr().err
+    assert re.search(r"Epoch 1 took [0-9.]+ s in this session \(resumed after 3 of its optimizer steps\)", resumed)
+    assert re.search(r"Epoch 2 took [0-9.]+ s\n", resumed)
+    assert max(len(line) for line in resumed.splitlines()) < 400
