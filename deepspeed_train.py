@@ -272,8 +272,9 @@ def build_model_and_engine(cfg):
     # (the model builds it) and progressive layer drop (theta computed by the session).
     engine_config = {k: v for k, v in cfg.ds_config.items()
                      if k not in ("sparse_attention", "progressive_layer_drop")}
-    # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op.
-    optimizer, engine_config = build_lamb_if_needed(engine_config, groups)
+    # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op; "Adam"/"AdamW"
+    # off CUDA: torch's, unless the config says otherwise (DeepSpeed JIT-compiles its FusedAdam).
+    optimizer, engine_config = build_lamb_if_needed(torch_adam_off_cuda(engine_config), groups)
     model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
                                                           optimizer=optimizer, config=engine_config)
     engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
@@ -282,6 +283,22 @@ def build_model_and_engine(cfg):
                            f"{(cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps)}")
     model.set_device(model.network.device)
     return model, optimizer
+
+
+def torch_adam_off_cuda(engine_config):
+    """The DeepSpeed config with `torch_adam: true` for an Adam/AdamW optimizer on an accelerator
+    other than CUDA where the config does not set it: DeepSpeed would otherwise build its FusedAdam
+    op there, a JIT compile of minutes on a CPU (paid again when a run is killed during it), for
+    the same update torch.optim.AdamW makes."""
+    opt = engine_config.get("optimizer")
+    if (get_accelerator().device_name() == "cuda" or not isinstance(opt, dict)
+            or str(opt.get("type", "")).lower() not in ("adam", "adamw")
+            or "torch_adam" in (opt.get("params") or {})):
+        return engine_config
+    logger.info("optimizer %s on %s: torch's implementation (torch_adam), not DeepSpeed's FusedAdam, which it would "
+                "compile first; set \"torch_adam\": false in the DeepSpeed config to have that", opt["type"],
+                get_accelerator().device_name())
+    return {**engine_config, "optimizer": {**opt, "params": {**(opt.get("params") or {}), "torch_adam": True}}}
 
 
 def prepare_optimizer_parameters(args, model):

@@ -299,3 +299,18 @@ def test_the_log_at_info_has_short_lines_and_says_what_an_epoch_took_after_a_res
     assert re.search(r"Epoch 1 took [0-9.]+ s in this session \(resumed after 3 of its optimizer steps\)", resumed)
     assert re.search(r"Epoch 2 took [0-9.]+ s\n", resumed)
     assert max(len(line) for line in resumed.splitlines()) < 400
+
+
+def test_adamw_off_cuda_is_torchs_unless_the_config_says_otherwise(data_root, tmp_path):
+    """A DeepSpeed config asking for AdamW without `torch_adam` (the GPU recipes' way) trains on
+    the CPU with torch's AdamW at once, instead of JIT-compiling DeepSpeed's FusedAdam for minutes."""
+    import deepspeed_train
+    from tests.launch import tiny_argv
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1,
+                              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}))
+    args = deepspeed_train.construct_arguments(tiny_argv(data_root, tmp_path / "out", ds=ds))
+    _, optimizer = deepspeed_train.prepare_model_optimizer(args)
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.param_groups[0]["lr"] == 1e-3 and optimizer.param_groups[0]["weight_decay"] == 0.01
