@@ -30,7 +30,7 @@ from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import BING_SHARD_FILES, holds_bing_validation
 from turing.tokenization import load_vocab
-from utils import get_rank_and_world
+from turing.process import get_rank_and_world
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, igno
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import HDF5_KEYS, HDF5_SUFFIXES, check_hdf5_shard, holds_nvidia_validation, read_hdf5_shard
-from utils import get_rank_and_world, set_seeds
+from turing.process import get_rank_and_world, set_seeds
 
 logger = logging.getLogger(__name__)
 

@@ -1,19 +1,12 @@
-"""Command line of deepspeed_train.py and small helpers shared by the script and the providers.
-
-Owns: the argument parser, rank/world lookup that works with or without
-an initialised process group (`Ranks`: decided once per process), and the time-to-exit check used by the step loop.
+"""Command line of deepspeed_train.py (the original's `get_argument_parser`) and its time-to-exit
+check (`is_time_to_exit`). This process's place in the job and its seeds are turing.process's
+(`Ranks`, `get_rank_and_world`, `set_seeds`, importable from here as well).
 """
 import argparse
-import dataclasses
-import os
-import random
 import sys
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
 from turing.lr_schedule import schedule_help
+from turing.process import Ranks, get_rank_and_world, set_seeds  # noqa: F401 (the library's, re-exported)
 
 
 def get_argument_parser():
@@ -125,44 +118,6 @@ def get_argument_parser():
     add("--compile", action="store_true", default=False,
         help="torch.compile the model; parts that fail to compile run eagerly, with a warning")
     return parser
-
-
-def set_seeds(seed):
-    """Seed python's, numpy's and torch's global generators (numpy takes the seed modulo 2**32)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def get_rank_and_world():
-    """(global rank, world size); (0, 1) when no process group is initialised."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Ranks:
-    """This process's place in the job, decided once the process group is up (`current()`):
-    global rank, world size, rank on its node. Rank 0 is the main process: it logs at the
-    chosen level, writes TensorBoard, the run files and `latest`; rank 0 of each node fsyncs
-    checkpoint files."""
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self):
-        return self.rank == 0
-
-    @property
-    def is_node_main(self):
-        return self.local_rank == 0
-
-    @classmethod
-    def current(cls):
-        rank, world = get_rank_and_world()
-        return cls(rank, world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def is_time_to_exit(args, epoch_steps=None, global_steps=None):

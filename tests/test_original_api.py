@@ -202,7 +202,7 @@ def test_master_process_and_the_model_calls(data_root, tmp_path, monkeypatch):
     model.save_bert(tmp_path / "encoder.pt")
     encoder = torch.load(tmp_path / "encoder.pt", weights_only=True)
     assert set(encoder) == {k[len("bert."):] for k in model.network.state_dict() if k.startswith("bert.")}
-    monkeypatch.setattr("utils.get_rank_and_world", lambda: (1, 2))
+    monkeypatch.setattr("turing.process.get_rank_and_world", lambda: (1, 2))
     assert master_process(args) is False                     # rank 1 of 2
 
 

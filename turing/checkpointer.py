@@ -25,14 +25,14 @@ import time
 import numpy as np
 import torch
 
-from bert_dataset_provider import EpochPlan
 from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, check_weights_only, complete_tags, engine_tags,
                                holds_checkpoints, prune_interval_checkpoints, resume_candidates, sync_folder,
                                weights_only_loads, write_atomic)
 from turing.distributed import all_ranks, all_reduce, barrier
+from turing.epoch_plan import EpochPlan
 from turing.errors import InputError, StopTraining
+from turing.process import set_seeds
 from turing.run_config import RunState
-from utils import set_seeds
 
 logger = logging.getLogger("bing_bert")
 

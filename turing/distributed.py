@@ -18,7 +18,7 @@ import torch.distributed.distributed_c10d as dist_c10d
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
-from utils import Ranks
+from turing.process import Ranks
 
 SHM_ALLREDUCE_NAME = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
 

@@ -9,16 +9,16 @@ import math
 import os
 from typing import Optional
 
-from bert_dataset_provider import EpochPlan
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
+from turing.flops import MEASURE
 from turing.jsonfile import read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
 from turing.modeling import BertConfigError, ModelOptions
 from turing.models import model_config_from_dict
-from turing.flops import MEASURE
+from turing.process import Ranks
 from turing.tokenization import load_vocab, vocab_digest, vocab_size, vocab_size_padded
-from utils import Ranks
 
 logger = logging.getLogger("bing_bert")
 

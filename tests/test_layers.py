@@ -1,0 +1,28 @@
+"""Dependencies point down: the library (turing/) imports none of the scripts above it (the
+trainer, the providers, data_worker.py, utils.py, tools/), read from the files themselves."""
+import ast
+import os
+
+from testkit.launcher import REPO
+
+ROOT_MODULES = {name[:-3] for name in os.listdir(REPO) if name.endswith(".py")} | {"tools", "bench", "tests"}
+
+
+def imported_modules(path):
+    """The top-level names of every module a file imports (at any depth of the file)."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_library_imports_no_script_above_it():
+    folder = os.path.join(REPO, "turing")
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert len(files) > 20
+    upward = {f: sorted(imported_modules(os.path.join(folder, f)) & ROOT_MODULES) for f in files}
+    assert {f: names for f, names in upward.items() if names} == {}
