@@ -360,14 +360,12 @@ def load_pretrained_weights(cfg, network):
 def compile_model(network):
     """--compile: torch.compile the network's forward in place (its state_dict keys do not change).
 
-    Compilation happens at the first forward; a graph that fails there runs eagerly, with
-    torch's warning, instead of stopping the run. Where torch.compile cannot be set up at all,
-    the run goes on uncompiled, with a warning.
+    Compilation happens at the first forward. What torch cannot trace runs eagerly (graph breaks,
+    as torch.compile does); a compiler error stops the run with its traceback (train without
+    --compile), so that it is seen: nothing here changes torch's process-wide error handling.
+    Where torch.compile cannot be set up at all, the run goes on uncompiled, with a warning.
     """
     try:
-        import torch._dynamo  # only for --compile, whose failure to set up is a warning
-
-        torch._dynamo.config.suppress_errors = True
         network.compile()
     except Exception as e:  # noqa: BLE001 - any failure to set up compile leaves the model eager
         logger.warning("--compile: torch.compile is not usable here (%s); training uncompiled",

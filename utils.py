@@ -116,7 +116,7 @@ def get_argument_parser():
         help="run the encoder on real tokens only (padding dropped, restored for the loss): faster on "
              "batches with padding, e.g. phase 2; same results in eval, other dropout draws in training")
     add("--compile", action="store_true", default=False,
-        help="torch.compile the model; parts that fail to compile run eagerly, with a warning")
+        help="torch.compile the model; code torch cannot trace runs eagerly, a compiler error stops the run")
     return parser
 
 

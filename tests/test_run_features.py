@@ -187,6 +187,7 @@ def test_compile_trains_like_eager_and_keeps_the_checkpoint_keys(data_root, tmp_
     finally:
         torch._dynamo.reset()
     assert compiled_graphs > 0                                            # it really compiled
+    assert torch._dynamo.config.suppress_errors is False                 # compiler errors are not hidden
     losses = train_losses(tmp_path / "out")
     assert losses == pytest.approx(plain_losses, abs=0.03)               # inductor draws its own dropout
     plain_model_from_checkpoint(tmp_path / "out")                      # strict load: the original's keys

@@ -35,6 +35,7 @@ from deepspeed.utils.tensor_fragment import fragment_address
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError, UnsafeCheckpointError
+from turing.internals import numpy_reconstruct
 from turing.jsonfile import read_json
 from turing.kernel_layout import from_transformer_kernel_layout
 
@@ -226,8 +227,7 @@ def resolve_checkpoint_tag_dir(checkpoint_dir, tag=None, folder_flag=None, tag_f
 def numpy_array_globals():
     """What unpickling a numpy array needs (older checkpoints' client states hold numpy RNG
     states); allowed in weights-only loads."""
-    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
-    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype] + [
+    return [numpy_reconstruct(), np.ndarray, np.dtype] + [
         getattr(np.dtypes, name) for name in ("UInt32DType", "Float64DType", "Int64DType")
         if hasattr(getattr(np, "dtypes", None), name)]
 

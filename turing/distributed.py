@@ -14,13 +14,11 @@ import traceback
 import deepspeed
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as dist_c10d
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
+from turing.internals import deepspeed_shm_buffer_path, set_default_collective_timeout
 from turing.process import Ranks
-
-SHM_ALLREDUCE_NAME = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
 
 
 def setup_process_group(timeout_seconds):
@@ -84,8 +82,7 @@ def bound_collectives(seconds):
     DeepSpeed creates later (its data-parallel group, ZeRO's), which torch.distributed.new_group
     builds with torch's default timeout, 30 minutes, unless that default is set too."""
     timeout = datetime.timedelta(seconds=seconds)
-    dist_c10d.default_pg_timeout = timeout
-    dist_c10d.default_pg_nccl_timeout = timeout
+    set_default_collective_timeout(timeout)
     return timeout
 
 
@@ -102,10 +99,8 @@ def release_shm_allreduce_name():
     if get_accelerator().device_name() != "cpu" or env.get("LOCAL_SIZE") != env.get("WORLD_SIZE"):
         return
     dist.barrier()
-    name = SHM_ALLREDUCE_NAME.format(uid=os.getuid(), addr=env.get("MASTER_ADDR", ""),
-                                     port=env.get("MASTER_PORT", ""), rank=dist.get_rank())
     try:
-        os.unlink(name)
+        os.unlink(deepspeed_shm_buffer_path(dist.get_rank()))
     except FileNotFoundError:
         pass  # released by an earlier call, or DeepSpeed did not create one
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from turing.errors import InputValueError
+from turing.internals import tensor_version
 
 logger = logging.getLogger(__name__)
 
@@ -570,7 +571,7 @@ class SparseSelfAttention(nn.Module):
         if H != self.sparsity_config.num_heads:
             raise ValueError(f"input has {H} heads, the sparsity config {self.sparsity_config.num_heads}")
         backend = self.backend or default_backend(query.device)
-        tag = (None if key_padding_mask is None else key_padding_mask._version, B, L, query.device, backend)
+        tag = (None if key_padding_mask is None else tensor_version(key_padding_mask), B, L, query.device, backend)
         if self._cached is not None and self._cached[0] is key_padding_mask and self._cached[1] == tag:
             mask = self._cached[2]
         else:

@@ -1,0 +1,49 @@
+"""The private torch, DeepSpeed and numpy internals of turing/internals.py, each checked against
+the installed libraries, so that an upgrade that changes one fails here, loudly, not in a run."""
+import datetime
+import os
+import pickle
+import re
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed.distributed_c10d as dist_c10d
+
+from turing import internals
+
+
+def test_the_default_collective_timeout_is_what_new_groups_get():
+    before = (dist_c10d.default_pg_timeout, dist_c10d.default_pg_nccl_timeout)
+    try:
+        internals.set_default_collective_timeout(datetime.timedelta(seconds=17))
+        # what torch.distributed.new_group uses when its caller (DeepSpeed) gives no timeout
+        for backend in ("gloo", "nccl"):
+            assert dist_c10d._get_default_timeout(dist_c10d.Backend(backend)) == datetime.timedelta(seconds=17)
+    finally:
+        dist_c10d.default_pg_timeout, dist_c10d.default_pg_nccl_timeout = before
+
+
+def test_the_shm_buffer_name_is_deepspeeds():
+    source = open(os.path.join(os.path.dirname(deepspeed.__file__), "ops", "csrc", "cpu", "comm", "shm.cpp")).read()
+    assert '#define SHM_BUFFER_NAME "deepspeed_allreduce_buffer"' in source
+    assert re.search(r'"%s_%d_%s_%s",\s*SHM_BUFFER_NAME,\s*getuid\(\),\s*addr_string,\s*port_string', source)
+    assert re.search(r'"%s_%d", shm_name_prefix, rank', source)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    assert internals.deepspeed_shm_buffer_path(3) == (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_"
+                                                      f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}_3")
+
+
+def test_a_pickled_numpy_array_names_the_reconstruct_function():
+    reconstruct = internals.numpy_reconstruct()
+    assert reconstruct.__name__ == "_reconstruct"
+    assert f"{reconstruct.__module__}\n_reconstruct".encode() in pickle.dumps(np.zeros(2), protocol=2) or \
+        reconstruct.__module__.encode() in pickle.dumps(np.zeros(2))
+
+
+def test_a_tensor_version_counts_in_place_changes():
+    t = torch.zeros(3)
+    before = internals.tensor_version(t)
+    t.add_(1)
+    assert internals.tensor_version(t) == before + 1

@@ -1,0 +1,49 @@
+"""Every private torch, DeepSpeed and numpy internal the program relies on, in one place, each with
+why no public API serves (tests/test_internals.py fails loudly when one of them changes):
+
+- `set_default_collective_timeout`: torch.distributed bounds the groups created after the default
+  one (DeepSpeed's data-parallel and ZeRO groups, made by `new_group` without a timeout) by the
+  module-level default of distributed_c10d; no public call sets it, and without it those groups'
+  collectives wait 30 minutes, whatever --dist_timeout says.
+- `deepspeed_shm_buffer_path`: DeepSpeed's CPU all-reduce (shm.cpp) gives each rank a 67 MB buffer
+  in /dev/shm and never unlinks it; its name is built in C++ and exposed nowhere.
+- `numpy_reconstruct`: the function a pickled numpy array names (older checkpoints' RNG states
+  hold numpy arrays); a weights-only load must allow that exact global.
+- `tensor_version`: a tensor's in-place modification counter, which keys a cache of a mask
+  derived from a tensor (sparse attention), so that an in-place change of it is seen.
+"""
+import datetime
+import os
+
+import numpy as np
+import torch.distributed.distributed_c10d as dist_c10d
+
+# deepspeed/ops/csrc/cpu/comm/shm.cpp: "%s_%d_%s_%s" of SHM_BUFFER_NAME, uid, MASTER_ADDR,
+# MASTER_PORT, then "%s_%d" with the rank
+SHM_BUFFER_PATH = "/dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
+
+
+def set_default_collective_timeout(timeout: datetime.timedelta):
+    """Make `timeout` the default of every process group created from now on (all backends)."""
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if not hasattr(dist_c10d, name):
+            raise RuntimeError(f"torch.distributed.distributed_c10d.{name} is gone in torch; --dist_timeout cannot "
+                               f"bound DeepSpeed's groups (turing/internals.py)")
+        setattr(dist_c10d, name, timeout)
+
+
+def deepspeed_shm_buffer_path(rank):
+    """The /dev/shm file of this rank's DeepSpeed CPU all-reduce buffer (from the environment the
+    launcher set)."""
+    env = os.environ
+    return SHM_BUFFER_PATH.format(uid=os.getuid(), addr=env.get("MASTER_ADDR", ""), port=env.get("MASTER_PORT", ""),
+                                  rank=rank)
+
+
+def numpy_reconstruct():
+    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    return multiarray.multiarray._reconstruct
+
+
+def tensor_version(tensor):
+    return tensor._version
