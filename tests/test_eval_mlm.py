@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.launch import TINY_CFG  # noqa: E402
+from tests.launch import TINY_CFG, one_error_line  # noqa: E402
 from testkit.synthetic import make_data_root  # noqa: E402
 from tools import eval_mlm  # noqa: E402
 from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
@@ -276,3 +276,35 @@ def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
     pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(2))
     line = _error_line(capsys, ["--model", str(tag), "--pairs", pairs, "--output_dir", str(tmp_path / "out")])
     assert "does not load with torch.load(weights_only=True)" in line and "not unpickled" in line
+
+
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, as strict parsers (and other languages) do."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} in a results file")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_scores_that_are_not_finite_are_an_error_line_not_a_file(tiny, tmp_path, capsys):
+    """Finite weights whose MLM head overflows score NaN: one error line naming the file and the
+    key, exit 2, and an earlier run's files in --output_dir stay as they were (strict JSON)."""
+    import shutil
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(4))
+    argv = ["--pairs", pairs, "--validation_set", os.path.join(tiny["root"], "nvidia", "128", "validation"),
+            "--output_dir", str(tmp_path / "out")]
+    assert eval_mlm.main(["--model", tiny["job"], *argv]) == 0
+    capsys.readouterr()
+    written = {name: (tmp_path / "out" / name).read_text() for name in ("results.json", "pair_scores.jsonl")}
+    strict_json(written["results.json"])
+    assert [strict_json(line)["pairID"] for line in written["pair_scores.jsonl"].splitlines()] == ["0", "0", "1", "1"]
+    tag = tmp_path / "job" / "step3"
+    shutil.copytree(tiny["tag"], tag)
+    state = torch.load(tag / MODEL_STATES_FILE, weights_only=True)
+    state["module"]["cls.predictions.transform.dense_act.weight"].fill_(1e38)  # finite, but overflows
+    torch.save(state, tag / MODEL_STATES_FILE)
+    assert eval_mlm.main(["--model", str(tag), *argv]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{tmp_path / 'out' / 'pair_scores.jsonl'}:1: not written: pll_good is nan, not a finite number" in line
+    assert {name: (tmp_path / "out" / name).read_text() for name in written} == written

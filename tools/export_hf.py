@@ -176,6 +176,10 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
         scores, _ = ours.predict(ids, segments, mask)
         hf_scores = hf_model(input_ids=ids, attention_mask=mask, **types).logits
     real = mask.bool()
+    for name, values in (("our model's", scores[real]), ("the exported model's", hf_scores[real])):
+        if not bool(torch.isfinite(values).all()):
+            raise ConversionError(f"{name} MLM scores on a test batch are not finite (NaN or Infinity); "
+                                  "not exported")
     diff = (scores[..., :vocab_size_real][real] - hf_scores[real]).abs().max().item()
     scale = max(1.0, scores[real].abs().max().item())
     if diff > VERIFY_TOLERANCE * scale:

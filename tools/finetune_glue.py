@@ -50,14 +50,13 @@ OUT must be empty or new: earlier results there are refused, or removed with --o
 (files the tool did not write are left, with a warning), so one folder never mixes two runs.
 
 Exit codes: 2 for bad input (missing folder or file, unknown task, malformed TSV line or
-non-finite label, a checkpoint whose sizes do not fit, a non-empty OUT): one `error: ...` line
+non-finite label, a checkpoint whose sizes do not fit or whose weights are not finite, a non-empty OUT): one `error: ...` line
 before any training. 3 when a loss (or the final weights) is not finite: the run stops, and the
 task has no results. 128 + the signal on SIGINT (Ctrl-C) or SIGTERM: one line saying which
 tasks finished.
 """
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -85,7 +84,7 @@ from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
 from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
                          majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
 from turing.hf_convert import is_hf_folder, load_hf_folder
-from turing.jsonfile import read_json
+from turing.jsonfile import json_text, read_json
 from turing.modeling import BertConfigError
 from turing.models import model_config_from_dict, pretraining_model
 from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
@@ -549,7 +548,7 @@ def clear_output_dir(output_dir):
 
 def write_results(path, document):
     """results.json, whole or not at all; strict JSON (a NaN is a bug, never written)."""
-    write_atomic(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
+    write_atomic(path, json_text(document, path, GlueError))
 
 
 def summary(results, pending):

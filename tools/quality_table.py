@@ -12,7 +12,6 @@ checkpoint's interval lies entirely above the random-init one. --output writes t
 Scores in the JSON are fractions; the table prints them x100.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
-from turing.jsonfile import read_json
+from turing.jsonfile import read_json, write_json
 
 COLUMNS = ("pretrained", "random_init")
 
@@ -112,8 +111,7 @@ def main(argv=None):
         return 2
     print(table(doc))
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
+        write_json(args.output, doc)
     return 0
 
 
