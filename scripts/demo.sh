@@ -42,7 +42,8 @@ if [ ! -f "$PAIRS" ]; then
     --vocab_file "$WORK/nvidia/vocab.txt" --pairs_per_kind 250 > /dev/null
 fi
 for init in pretrained random_init; do
-  if [ ! "$WORK/quality_$init/results.json" -nt "$CKPT/latest" ]; then
+  # (also when the scores lack the sha256 of their inputs, which quality_table checks: an older eval_mlm's)
+  if [ ! "$WORK/quality_$init/results.json" -nt "$CKPT/latest" ] || ! grep -q '"sha256"' "$WORK/quality_$init/results.json"; then
     if [ "$init" = random_init ]; then flags=(--random_init); else flags=(--tensorboard_dir "$WORK/out/runs/demo_bert"); fi
     "$PY" -m tools.eval_mlm --model "$CKPT" --pairs "$PAIRS" --validation_set "$WORK/nvidia/validation" \
       --output_dir "$WORK/quality_$init" "${flags[@]}" > "$WORK/quality_$init.log" 2>&1 \

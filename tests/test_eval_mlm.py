@@ -263,6 +263,55 @@ def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, 
     assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err
 
 
+def test_quality_table_refuses_results_that_do_not_compare(tiny, tmp_path, capsys):
+    """Two results that are not a checkpoint and its random-init twin on the same inputs: one line
+    each, exit 2, no table: swapped flags, two models, another pairs file (same path, other content),
+    a validation score on one side only, and a file that holds no results object."""
+    import shutil
+
+    from tools import quality_table
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs())
+    validation = os.path.join(tiny["root"], "nvidia", "128", "validation")
+    other_model = tmp_path / "copy" / "tiny_bert"
+    shutil.copytree(tiny["job"], other_model)
+
+    def score(name, model=tiny["job"], *extra):
+        assert eval_mlm.main(["--model", str(model), "--pairs", pairs, "--output_dir", str(tmp_path / name),
+                              *extra]) == 0
+        return str(tmp_path / name)
+
+    both = ["--validation_set", validation]
+    pretrained, random_init = score("p", tiny["job"], *both), score("r", tiny["job"], "--random_init", *both)
+    other = score("other", other_model, "--random_init", *both)
+    no_validation = score("nv", tiny["job"], "--random_init")
+    write_pairs(tmp_path / "pairs.jsonl", some_pairs(seed=5))  # the same file name, other pairs
+    other_pairs = score("op", tiny["job"], "--random_init", *both)
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    capsys.readouterr()
+
+    def refused(a, b):
+        assert quality_table.main(["--pretrained", a, "--random_init", b]) == 2
+        captured = capsys.readouterr()
+        assert not captured.out
+        return one_error_line(captured.err)
+
+    assert refused(random_init, pretrained) == (f"error: --pretrained {random_init}: scored with --random_init (fresh "
+                                                "weights); give the results of the checkpoint's own weights")
+    assert f"--random_init {pretrained}: scored the model's own weights" in refused(pretrained, pretrained)
+    assert (f"the two results are of different models ({tiny['job']} and {other_model}); score one --model twice"
+            in refused(pretrained, other))
+    assert (f"only the pretrained results ({pretrained}) have a validation set score; score both with the same "
+            "--validation_set" in refused(pretrained, no_validation))
+    assert ("the two results scored different minimal pairs files (their sha256 differ); score both with the same "
+            "--pairs" in refused(pretrained, other_pairs))
+    assert f"{listing}: a JSON list, not the results.json of tools/eval_mlm.py" in refused(str(listing), random_init)
+    assert quality_table.main(["--pretrained", pretrained, "--random_init", random_init]) == 0
+    table = capsys.readouterr().out
+    assert "pairs" in table and "    12  " in table
+
+
 def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
     """A model states file that only the full unpickler reads (an object beside the tensors) is
     refused with one line; nothing in it runs."""

@@ -34,10 +34,12 @@ Scores
   the best any unigram model can do there): the accuracy of always predicting the most frequent
   token and the unigram perplexity, exp(entropy).
 
-Output under OUT: results.json (all of the above, scores as fractions), pair_scores.jsonl (one line
-a pair: file, line, UID, pairID, pll_good, pll_bad, correct), and with --tensorboard_dir RUN
-scalars `Quality/...` (`Quality_random_init/...` with --random_init) at the checkpoint's global
-step (from its tag, or --step), e.g. into the training run's folder OUT/runs/JOB.
+Output under OUT: results.json (all of the above, scores as fractions; the model, whether it was
+--random_init, and the sha256 of every input scored: each pairs file, the text, the validation
+set's files, so that tools/quality_table.py can check that two results scored the same),
+pair_scores.jsonl (one line a pair: file, line, UID, pairID, pll_good, pll_bad, correct), and with
+--tensorboard_dir RUN scalars `Quality/...` (`Quality_random_init/...` with --random_init) at the
+checkpoint's global step (from its tag, or --step), e.g. into the training run's folder OUT/runs/JOB.
 Bad input (a missing file, a line that is not JSON or lacks a field, a sentence too long) is one
 `error: FILE:LINE: ...` line and exit code 2; so are weights that are not finite (naming the
 tensor) and a score that is not (naming the file and key: the files are strict JSON, never NaN,
@@ -45,6 +47,7 @@ and are written once everything is scored, so an earlier run's stay as they were
 """
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -518,6 +521,21 @@ def report_lines(results):
     return lines
 
 
+def content_sha256(path):
+    """The sha256 of a file's bytes; of a folder, of its files' names (relative, sorted) and bytes:
+    what tools/quality_table.py compares to know that two results scored the same inputs."""
+    folder = os.path.isdir(path)
+    files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names) if folder else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        if folder:
+            digest.update(os.path.relpath(file, path).encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def write_results(output_dir, results, rows):
     """pair_scores.jsonl (with pairs), then results.json, each whole or not at all. A score that is
     not finite is an EvalError naming the file and the key, and then neither file is written."""
@@ -554,13 +572,16 @@ def evaluate(args):
     if pairs:
         logger.info("Scoring %d minimal pairs of %d file(s)", len(pairs), len(args.pairs))
         results["minimal_pairs"], rows = score_pairs(scorer, pairs, encoded, args.batch_tokens)
+        results["minimal_pairs"]["sha256"] = {path: content_sha256(path) for path in results["minimal_pairs"]["files"]}
         results["minimal_pairs"]["pair_scores"] = os.path.join(args.output_dir, "pair_scores.jsonl")
     if text:
         logger.info("Scoring %s, every token masked in turn", args.text)
-        results["text"] = score_text(scorer, args.text, text, args.batch_tokens)
+        results["text"] = {**score_text(scorer, args.text, text, args.batch_tokens), "sha256": content_sha256(args.text)}
     if validation is not None:
         logger.info("Scoring the validation set %s", args.validation_set)
-        results["validation_set"] = score_validation_set(scorer, args.validation_set, validation)
+        results["validation_set"] = {**score_validation_set(scorer, args.validation_set, validation),
+                                     "validation_seed": args.validation_seed,
+                                     "sha256": content_sha256(args.validation_set)}
     results["seconds"] = round(time.time() - started, 1)
     write_results(args.output_dir, results, rows)
     if args.tensorboard_dir:
