@@ -8,6 +8,7 @@ words, so "do these two sentences come from the same document" (probe_samedoc) i
 pretraining's masked words and next sentences teach. The GLUE-layout files are tiny and made here.
 """
 import json
+import math
 import os
 import random
 import signal
@@ -548,6 +549,37 @@ def test_a_non_finite_loss_stops_without_results(pretrained, glue_dir, tmp_path,
     line = _error_line(capsys)
     assert "sst2 seed 0: the loss is nan at step" in line and "lower --lr" in line and "no results for sst2" in line
     assert not (out / "results.json").exists() and not (out / "dev_predictions.tsv").exists()
+
+
+def learning_rates(total_steps, lr=1e-3):
+    """The LR of each optimizer step of make_optimizer's schedule, as the optimizer applies it."""
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = finetune_glue.make_optimizer(model, lr, total_steps)
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+@pytest.mark.parametrize("total_steps", [1, 2, 3, 10, 25])
+def test_every_fine_tuning_step_trains_at_a_learning_rate_above_zero(total_steps):
+    lrs = learning_rates(total_steps)
+    assert len(lrs) == total_steps and min(lrs) > 0 and max(lrs) == pytest.approx(1e-3)
+    warmup = max(1, math.ceil(0.1 * total_steps))
+    assert lrs[:warmup] == sorted(lrs[:warmup]) and lrs[warmup - 1:] == sorted(lrs[warmup - 1:], reverse=True)
+
+
+def test_a_one_step_fine_tune_trains_at_the_peak_learning_rate(pretrained, glue_dir, tmp_path):
+    """48 training examples in one batch, one epoch: its one step at --lr (it was at 0), as logged."""
+    from turing.tb_events import read_run
+
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), out, "--batch_size", "64",
+                    "--lr", "3e-4") == 0
+    scalars, _ = read_run(os.path.join(out, "runs", "sst2", "seed0"))
+    assert scalars["Train/lr"] == [(1, pytest.approx(3e-4))]
 
 
 def test_fine_tune_log_line_says_each_metric_once(pretrained, glue_dir, tmp_path, capsys):

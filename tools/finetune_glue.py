@@ -25,7 +25,8 @@ BertForSequenceClassification. A checkpoint or export of the modernbert architec
 (turing/modern.py) gets transformers' ModernBertForSequenceClassification's head instead: a fresh
 dense + act + norm on the [CLS] (or mean) output, then dropout and the linear head. The protocol is cramming's "GLUE-sane" one: the same
 hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases and
-LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
+LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps (the first step at the peak
+over the warmup steps, never at 0) then linear decay towards 0,
 gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
 runs (seeds 0..N-1; for an even N the lower median, so the score is always one run's).
 Small models need a higher learning rate than BERT-base's 4e-5: with several (`--lr
@@ -318,8 +319,9 @@ def make_optimizer(model, lr, total_steps):
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
     warmup = max(1, math.ceil(WARMUP_PROPORTION * total_steps))
 
-    def factor(step):  # linear warmup, then linear decay to 0 at the last step
-        return step / warmup if step < warmup else max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+    def factor(step):  # of optimizer step `step` (0-based): linear warmup to the peak, then linear decay
+        # (step + 1): the first step trains at peak / warmup, not at 0 (a one-step run trained at LR 0)
+        return (step + 1) / warmup if step < warmup else (total_steps - step) / max(1, total_steps - warmup)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -359,11 +361,12 @@ def run_seed(args, source, data, seed, lr, device, writer):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                step_lr = scheduler.get_last_lr()[0]  # the LR this step trains at
                 optimizer.step()
                 scheduler.step()
                 step += 1
                 writer.add_scalar("Train/loss", value, step)
-                writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
+                writer.add_scalar("Train/lr", step_lr, step)
                 bar.update()
                 bar.set_postfix(loss=f"{value:.4f}")
     finally:
