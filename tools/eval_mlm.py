@@ -47,7 +47,6 @@ and are written once everything is scored, so an earlier run's stay as they were
 """
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -75,6 +74,7 @@ from turing.errors import InputError
 from turing.hf_convert import is_hf_folder
 from turing.jsonfile import json_text
 from turing.models import pretraining_model
+from turing.outputs import content_sha256
 from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
 from utils import set_seeds
 
@@ -519,21 +519,6 @@ def report_lines(results):
         lines += [f"  {uid:<{width}}  {e['pairs']:5d}  {_interval(e)}" for uid, e in mp["by_uid"].items()]
         lines.append(f"  {'all':<{width}}  {mp['pairs']:5d}  {_interval(mp)}")
     return lines
-
-
-def content_sha256(path):
-    """The sha256 of a file's bytes; of a folder, of its files' names (relative, sorted) and bytes:
-    what tools/quality_table.py compares to know that two results scored the same inputs."""
-    folder = os.path.isdir(path)
-    files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names) if folder else [path]
-    digest = hashlib.sha256()
-    for file in files:
-        if folder:
-            digest.update(os.path.relpath(file, path).encode() + b"\0")
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def write_results(output_dir, results, rows):
