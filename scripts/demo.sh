@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
+#        (the trainer's flags: python deepspeed_train.py --help; -h or --help prints this, doing nothing)
 # The README's main job, on the CPU: set up; build the demo corpus from text that ships with
 # Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh); pretrain a
 # small BERT-style encoder through the deepspeed launcher with the demo's recipe (configs/demo_modern:
@@ -8,9 +10,11 @@
 # from held-out documents and on the validation set, and print both side by side with the
 # unigram baseline (what pretraining bought).
 # Re-running it resumes (or, once finished, leaves) the run in WORK/out; remove that folder for
-# a fresh one. Usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
-# DEMO_CONFIGS=configs/demo: the same job with the original's BERT block (same recipe).
+# a fresh one. DEMO_CONFIGS=configs/demo: the same job with the original's BERT block (same recipe).
 set -euo pipefail
+for arg in "$@"; do
+  if [ "$arg" = -h ] || [ "$arg" = --help ]; then sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
+done
 cd "$(dirname "$0")/.."
 WORK=demo_run
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then WORK=$1; shift; fi   # a first argument that is no flag is the folder

@@ -147,3 +147,24 @@ def test_the_demo_trains_the_recipe_that_bench_quality_measures():
         for name, value in zip(recipe["flags"][::2], recipe["flags"][1::2]):
             assert flags[flags.index(name) + 1] == value, name
         assert flags[flags.index("--validation_every_steps") + 1] == str(recipe["validation_every_steps"])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["my_demo", "--max_steps", "5", "--help"]],
+                         ids=["help", "h", "after_flags"])
+def test_demo_help_prints_its_usage_and_does_nothing(tmp_path, argv):
+    """`bash scripts/demo.sh --help` prints the demo's usage and exits 0; no step runs (the Python it
+    would install into and train with is a stand-in that records any call)."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    calls = tmp_path / "calls.txt"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    python.chmod(0o755)
+    done = subprocess.run(["bash", os.path.join(repo, "scripts", "demo.sh"), *argv], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(python), "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]")
+    assert "DEMO_CONFIGS=configs/demo" in done.stdout and not done.stderr
+    assert not calls.exists(), calls.read_text()
