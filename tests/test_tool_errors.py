@@ -204,3 +204,15 @@ def test_every_tool_runs_typed_as_a_file_from_anywhere(tool, tmp_path):
     done = subprocess.run([sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tool", ["eval_mlm", "export_hf", "finetune_glue"])
+def test_help_is_answered_before_the_slow_imports(tool):
+    """`python -m tools.NAME --help` prints the usage without importing torch, DeepSpeed or
+    transformers (it took seconds, and began with DeepSpeed's "Setting accelerator" warning)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", f"tools.{tool}", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "argparse" in imported and not imported & {"torch", "deepspeed", "transformers"}
+    assert "Setting accelerator" not in done.stdout + done.stderr

@@ -57,39 +57,10 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import NamedTuple
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader
-
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bing_bert_dataset_provider import BingBertDatasetProvider
-from deepspeed_train import load_pretrained_weights
-from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-from tools.finetune_glue import model_source
-from turing.batch import Batch, collate_batch
-from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
-from turing.errors import InputError
-from turing.hf_convert import is_hf_folder
-from turing.jsonfile import json_text
-from turing.models import pretraining_model
-from turing.outputs import content_sha256
-from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
-from utils import set_seeds
-
-logger = logging.getLogger("eval_mlm")
-
-PAIR_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 DEFAULT_BATCH_TOKENS = 16384
-VALIDATION_BATCH = 64
-# validation sets are told apart as the trainer tells them: hdf5 files, else Bing shards
-VALIDATION_FORMATS = (NvidiaBertDatasetProvider, BingBertDatasetProvider)
-
-
-class EvalError(ValueError):
-    """Bad input to the evaluation; the message names the file (and line) or the flag."""
 
 
 def build_parser():
@@ -123,6 +94,40 @@ def build_parser():
                    help="global step of the TensorBoard scalars (default: the checkpoint tag's step, else 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+if __name__ == "__main__":  # --help and a bad flag are answered here, before the slow imports below
+    build_parser().parse_args()  # (torch, DeepSpeed, transformers); main() parses the flags again
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from bing_bert_dataset_provider import BingBertDatasetProvider
+from deepspeed_train import load_pretrained_weights
+from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from tools.finetune_glue import model_source
+from turing.batch import Batch, collate_batch
+from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
+from turing.errors import InputError
+from turing.hf_convert import is_hf_folder
+from turing.jsonfile import json_text
+from turing.models import pretraining_model
+from turing.outputs import content_sha256
+from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
+from utils import set_seeds
+
+logger = logging.getLogger("eval_mlm")
+
+PAIR_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+VALIDATION_BATCH = 64
+# validation sets are told apart as the trainer tells them: hdf5 files, else Bing shards
+VALIDATION_FORMATS = (NvidiaBertDatasetProvider, BingBertDatasetProvider)
+
+
+class EvalError(ValueError):
+    """Bad input to the evaluation; the message names the file (and line) or the flag."""
 
 
 def check_args(args):

@@ -74,34 +74,8 @@ import time
 from types import SimpleNamespace
 from typing import NamedTuple
 
-import numpy as np
-import torch
-from tensorboardX import SummaryWriter
-from torch.utils.data import DataLoader
-from tqdm import tqdm
-
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
-from tools.export_hf import ExportError, find_vocab_file
-from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
-from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
-                         majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
-from turing.hf_convert import is_hf_folder, load_hf_folder
-from turing.jsonfile import json_text, read_json
-from turing.modeling import BertConfigError
-from turing.models import model_config_from_dict, pretraining_model
-from turing.outputs import content_sha256
-from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
-from utils import set_seeds
-
-logger = logging.getLogger("finetune_glue")
-
-WARMUP_PROPORTION = 0.1
-WEIGHT_DECAY = 0.01
-MAX_GRAD_NORM = 1.0
-EVAL_BATCH_SIZE = 128
 
 
 def build_parser():
@@ -135,6 +109,36 @@ def build_parser():
                    help="log lines shown on stderr (default info; warning keeps only warnings and errors)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+if __name__ == "__main__":  # --help and a bad flag are answered here, before the slow imports below
+    build_parser().parse_args()  # (torch, DeepSpeed, transformers); main() parses the flags again
+
+import numpy as np
+import torch
+from tensorboardX import SummaryWriter
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
+from tools.export_hf import ExportError, find_vocab_file
+from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
+from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
+                         majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
+from turing.hf_convert import is_hf_folder, load_hf_folder
+from turing.jsonfile import json_text, read_json
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
+from turing.outputs import content_sha256
+from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
+from utils import set_seeds
+
+logger = logging.getLogger("finetune_glue")
+
+WARMUP_PROPORTION = 0.1
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+EVAL_BATCH_SIZE = 128
 
 
 def parse_lrs(text):
