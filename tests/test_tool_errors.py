@@ -37,21 +37,15 @@ def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
     assert "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)" in line
 
 
-@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
-def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
-    if source == "file":
-        weights = tmp_path / "bert.pt"
-        weights.write_bytes(b"")
-        expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
-    elif source == "hf_export":  # an export whose model.safetensors was cut to 0 bytes
-        weights = tmp_path / "hf"
-        weights.mkdir()
-        (weights / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
-        (weights / "model.safetensors").write_bytes(b"")
-        expected = f"{weights / 'model.safetensors'}: not a complete safetensors file (0 bytes"
-    else:
-        weights = empty_checkpoint(tmp_path / "ckpt")
-        expected = "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)"
+def hf_folder(folder):
+    """A Hugging Face folder's config.json (the weights file is the caller's)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
+    return folder
+
+
+def use_pretrain_error(weights, data_root, tmp_path, capsys):
+    """The one error line of a tiny training run started --use_pretrain from `weights` (exit code 2)."""
     config = json.load(open(TINY_CFG))
     config["bert_model_file"] = str(weights)
     cf = tmp_path / "job.json"
@@ -62,7 +56,23 @@ def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, cap
                               "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--use_nvidia_dataset",
                               "--use_pretrain", "--log_level", "warning"])
     assert stop.value.code == 2
-    assert expected in one_error_line(capsys.readouterr().err)
+    return one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
+def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
+    if source == "file":
+        weights = tmp_path / "bert.pt"
+        weights.write_bytes(b"")
+        expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
+    elif source == "hf_export":  # an export whose model.safetensors was cut to 0 bytes
+        weights = hf_folder(tmp_path / "hf")
+        (weights / "model.safetensors").write_bytes(b"")
+        expected = f"{weights / 'model.safetensors'}: not a complete safetensors file (0 bytes"
+    else:
+        weights = empty_checkpoint(tmp_path / "ckpt")
+        expected = "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)"
+    assert expected in use_pretrain_error(weights, data_root, tmp_path, capsys)
 
 
 NAN_TENSOR = "bert.encoder.layer.1.attention.self.query.weight"
@@ -80,10 +90,14 @@ def nan_checkpoint(tiny_run, folder):
     return folder / "job", saved["module"]
 
 
-def refused_line(capsys):
-    line = one_error_line(capsys.readouterr().err)
+def refused(line):
+    """`line`, which must refuse NAN_TENSOR as not finite."""
     assert f"tensor {NAN_TENSOR} is not finite (1 NaN and 0 infinite" in line, line
     return line
+
+
+def refused_line(capsys):
+    return refused(one_error_line(capsys.readouterr().err))
 
 
 def test_every_tool_refuses_weights_that_are_not_finite(tiny_run, tmp_path, capsys):  # noqa: F811
@@ -132,23 +146,11 @@ def test_use_pretrain_refuses_weights_that_are_not_finite(tiny_run, data_root, t
     elif source == "hf_export":  # read before it is mapped: an export's own tensor names
         from safetensors.torch import save_file
 
-        weights = tmp_path / "hf"
-        weights.mkdir()
-        (weights / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
+        weights = hf_folder(tmp_path / "hf")
         save_file({NAN_TENSOR: state[NAN_TENSOR].contiguous()}, weights / "model.safetensors")
     else:
         weights = job
-    config = json.load(open(TINY_CFG))
-    config["bert_model_file"] = str(weights)
-    cf = tmp_path / "job.json"
-    cf.write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as stop:
-        deepspeed_train.main(["--cf", str(cf), "--deepspeed", "--deepspeed_config", str(ds_config(tmp_path)),
-                              "--output_dir", str(tmp_path / "out"), "--data_path_prefix", str(data_root),
-                              "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--use_nvidia_dataset",
-                              "--use_pretrain", "--log_level", "warning"])
-    assert stop.value.code == 2
-    refused_line(capsys)
+    refused(use_pretrain_error(weights, data_root, tmp_path, capsys))
 
 
 def damaged_record():
