@@ -291,8 +291,8 @@ def test_quality_table_refuses_results_that_do_not_compare(tiny, tmp_path, capsy
     listing.write_text("[1, 2]")
     capsys.readouterr()
 
-    def refused(a, b):
-        assert quality_table.main(["--pretrained", a, "--random_init", b]) == 2
+    def refused(a, b, *extra):
+        assert quality_table.main(["--pretrained", a, "--random_init", b, *extra]) == 2
         captured = capsys.readouterr()
         assert not captured.out
         return one_error_line(captured.err)
@@ -310,6 +310,14 @@ def test_quality_table_refuses_results_that_do_not_compare(tiny, tmp_path, capsy
     assert quality_table.main(["--pretrained", pretrained, "--random_init", random_init]) == 0
     table = capsys.readouterr().out
     assert "pairs" in table and "    12  " in table
+    # results with a bare NaN in them (an older eval_mlm wrote them): no quality.json holds it
+    older = json.load(open(os.path.join(random_init, "results.json")))
+    older["validation_set"]["perplexity"] = float("nan")
+    (tmp_path / "r" / "results.json").write_text(json.dumps(older))
+    output = tmp_path / "quality.json"
+    assert (f"{output}: not written: validation_mlm.random_init.perplexity is nan, not a finite number"
+            in refused(pretrained, random_init, "--output", str(output)))
+    assert not output.exists()
 
 
 def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):

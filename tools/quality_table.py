@@ -162,12 +162,12 @@ def main(argv=None):
         check_comparable(results["pretrained"], results["random_init"],
                          {"pretrained": args.pretrained, "random_init": args.random_init})
         doc = quality(results["pretrained"], results["random_init"])
-    except (TableError, KeyError) as e:
-        print(f"error: {e if isinstance(e, TableError) else f'results lack {e}'}", file=sys.stderr)
+        if args.output:  # strict JSON: a NaN score (results of an older eval_mlm) is an error line, not a file
+            write_json(args.output, doc, TableError)
+    except (TableError, KeyError, OSError) as e:
+        print(f"error: {f'results lack {e}' if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     print(table(doc))
-    if args.output:
-        write_json(args.output, doc)
     return 0
 
 
