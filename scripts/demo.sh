@@ -43,7 +43,8 @@ CKPT="$WORK/out/saved_models/demo_bert"
 PAIRS="$WORK/minimal_pairs.jsonl"
 echo "zero-shot quality of $CKPT, no fine-tuning (4 steps):"
 if [ ! -f "$PAIRS" ]; then
-  echo "1/4 making minimal pairs (a held-out sentence and a corrupted twin) from the documents kept out of training: $PAIRS"
+  echo "1/4 making minimal pairs (a held-out sentence and a corrupted twin) from the documents kept out of"
+  echo "    training: $PAIRS"
   "$PY" -m tools.make_minimal_pairs --input "$WORK/corpus.txt" --output "$PAIRS" --validation_fraction 0.05 \
     --vocab_file "$WORK/nvidia/vocab.txt" --pairs_per_kind 250 > /dev/null
 else
@@ -57,9 +58,10 @@ for init in pretrained random_init; do
     what="the checkpoint"; flags=(--tensorboard_dir "$WORK/out/runs/demo_bert")
   fi
   # (also when the scores lack the sha256 of their inputs, which quality_table checks: an older eval_mlm's)
-  if [ ! "$WORK/quality_$init/results.json" -nt "$CKPT/latest" ] || ! grep -q '"sha256"' "$WORK/quality_$init/results.json"; then
+  scores="$WORK/quality_$init/results.json"
+  if [ ! "$scores" -nt "$CKPT/latest" ] || ! grep -q '"sha256"' "$scores"; then
     echo "$step/4 scoring $what on the pairs and the validation set with tools/eval_mlm.py (a minute or two on a CPU;"
-    echo "    its log: $WORK/quality_$init.log, its scores: $WORK/quality_$init/results.json)"
+    echo "    its log: $WORK/quality_$init.log, its scores: $scores)"
     "$PY" -m tools.eval_mlm --model "$CKPT" --pairs "$PAIRS" --validation_set "$WORK/nvidia/validation" \
       --output_dir "$WORK/quality_$init" "${flags[@]}" > "$WORK/quality_$init.log" 2>&1 \
       || { cat "$WORK/quality_$init.log" >&2; exit 1; }

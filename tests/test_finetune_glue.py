@@ -584,7 +584,8 @@ def test_the_same_command_continues_a_stopped_run(pretrained, glue_dir, tmp_path
     assert results["average"] == pytest.approx(np.mean([results[t]["score"] for t in ("cola", "sst2", "rte")]))
     assert len(os.listdir(out / "SST-2" / "runs" / "sst2" / "seed0")) == 1
     assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--epochs", "2") == 2
-    assert f"--output_dir {out}: cola was fine-tuned there with other settings (epochs 1 (now 2))" in _error_line(capsys)
+    line = _error_line(capsys)
+    assert f"--output_dir {out}: cola was fine-tuned there with other settings (epochs 1 (now 2))" in line
     assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--random_init") == 2
     assert "cola was fine-tuned there with other settings (random_init False (now True))" in _error_line(capsys)
     assert trained == ["cola", "sst2", "sst2", "rte"] and (out / "CoLA" / "results.json").read_text() == cola

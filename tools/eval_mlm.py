@@ -566,7 +566,8 @@ def evaluate(args):
         results["minimal_pairs"]["pair_scores"] = os.path.join(args.output_dir, "pair_scores.jsonl")
     if text:
         logger.info("Scoring %s, every token masked in turn", args.text)
-        results["text"] = {**score_text(scorer, args.text, text, args.batch_tokens), "sha256": content_sha256(args.text)}
+        results["text"] = {**score_text(scorer, args.text, text, args.batch_tokens),
+                           "sha256": content_sha256(args.text)}
     if validation is not None:
         logger.info("Scoring the validation set %s", args.validation_set)
         results["validation_set"] = {**score_validation_set(scorer, args.validation_set, validation),

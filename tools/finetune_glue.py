@@ -522,11 +522,12 @@ def sweep_lr(args, source, data, out_dir, device):
 def run_record(args, source, task, folder):
     """What a task's results were made from (saved in its entry as "run"): the weights, the
     settings and the sha256 of its data files. A rerun keeps a finished task whose record is this."""
+    files = {name: os.path.join(folder, name) for name in ("train.tsv", *task.dev_files)}
     return {"model": os.path.abspath(args.model), "weights": source.weights, "random_init": args.random_init,
             "vocab_file": os.path.abspath(source.vocab_file), "seeds": args.seeds, "epochs": args.epochs,
             "lr": args.lr, "batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "bf16": args.bf16,
-            "data_sha256": {name: content_sha256(os.path.join(folder, name)) if os.path.isfile(os.path.join(folder, name))
-                            else None for name in ("train.tsv", *task.dev_files)}}
+            "data_sha256": {name: content_sha256(path) if os.path.isfile(path) else None
+                            for name, path in files.items()}}
 
 
 def _differences(old, new):
@@ -586,8 +587,8 @@ def check_output_dir(args, tasks, all_tasks):
         _is_output(name, os.path.join(out, name)) and (not all_tasks or name.split(".tmp")[0] == "results.json"))]
     if foreign:
         raise GlueError(f"--output_dir {out} holds files finetune_glue did not write for this run "
-                        f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); choose a new folder, or pass "
-                        "--overwrite to remove the earlier results first (other files are left)")
+                        f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); choose a new folder, or "
+                        "pass --overwrite to remove the earlier results first (other files are left)")
     summary_file = os.path.join(out, "results.json")
     if all_tasks and os.path.isfile(summary_file):
         document = read_json(summary_file, "results file", GlueError)

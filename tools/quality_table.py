@@ -85,7 +85,8 @@ def check_comparable(pretrained, random_init, paths):
                 raise TableError(f"the two results' {what} scores differ in {count} ({pretrained[key].get(count)} "
                                  f"and {random_init[key].get(count)}); score both with the same {flag} and flags")
     if "minimal_pairs" in pretrained:
-        kinds = {name: {uid: e.get("pairs") for uid, e in r["minimal_pairs"]["by_uid"].items()} for name, r in runs.items()}
+        kinds = {name: {uid: e.get("pairs") for uid, e in r["minimal_pairs"]["by_uid"].items()}
+                 for name, r in runs.items()}
         if kinds["pretrained"] != kinds["random_init"]:
             raise TableError(f"the two results hold different pairs by kind ({kinds['pretrained']} and "
                              f"{kinds['random_init']}); score both with the same --pairs")
