@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
+#        (training flags: the trainer's, listed by its --help; -h or --help here prints this, doing nothing)
 # The README's main job, on the CPU: set up; build the demo corpus from text that ships with
 # Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh); pretrain a
 # small BERT-style encoder through the deepspeed launcher with the demo's recipe (configs/demo_modern:
@@ -8,9 +10,11 @@
 # from held-out documents and on the validation set, and print both side by side with the
 # unigram baseline (what pretraining bought).
 # Re-running it resumes (or, once finished, leaves) the run in WORK/out; remove that folder for
-# a fresh one. Usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
-# DEMO_CONFIGS=configs/demo: the same job with the original's BERT block (same recipe).
+# a fresh one. DEMO_CONFIGS=configs/demo: the same job with the original's BERT block (same recipe).
 set -euo pipefail
+for arg in "$@"; do
+  if [ "$arg" = -h ] || [ "$arg" = --help ]; then sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
+done
 cd "$(dirname "$0")/.."
 WORK=demo_run
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then WORK=$1; shift; fi   # a first argument that is no flag is the folder
@@ -39,19 +43,36 @@ bash scripts/run_launcher.sh $launcher --num_gpus 1 --master_port "$port" deepsp
 # Redone only when the checkpoint is newer than the last scores.
 CKPT="$WORK/out/saved_models/demo_bert"
 PAIRS="$WORK/minimal_pairs.jsonl"
+echo "zero-shot quality of $CKPT, no fine-tuning (4 steps):"
 if [ ! -f "$PAIRS" ]; then
+  echo "1/4 making minimal pairs (a held-out sentence and a corrupted twin) from the documents kept out of"
+  echo "    training: $PAIRS"
   "$PY" -m tools.make_minimal_pairs --input "$WORK/corpus.txt" --output "$PAIRS" --validation_fraction 0.05 \
     --vocab_file "$WORK/nvidia/vocab.txt" --pairs_per_kind 250 > /dev/null
+else
+  echo "1/4 using the minimal pairs in $PAIRS"
 fi
+step=2
 for init in pretrained random_init; do
-  if [ ! "$WORK/quality_$init/results.json" -nt "$CKPT/latest" ]; then
-    if [ "$init" = random_init ]; then flags=(--random_init); else flags=(--tensorboard_dir "$WORK/out/runs/demo_bert"); fi
+  if [ "$init" = random_init ]; then
+    what="a randomly initialised twin (same sizes, fresh weights)"; flags=(--random_init)
+  else
+    what="the checkpoint"; flags=(--tensorboard_dir "$WORK/out/runs/demo_bert")
+  fi
+  # (also when the scores lack the sha256 of their inputs, which quality_table checks: an older eval_mlm's)
+  scores="$WORK/quality_$init/results.json"
+  if [ ! "$scores" -nt "$CKPT/latest" ] || ! grep -q '"sha256"' "$scores"; then
+    echo "$step/4 scoring $what on the pairs and the validation set with tools/eval_mlm.py (a minute or two on a CPU;"
+    echo "    its log: $WORK/quality_$init.log, its scores: $scores)"
     "$PY" -m tools.eval_mlm --model "$CKPT" --pairs "$PAIRS" --validation_set "$WORK/nvidia/validation" \
       --output_dir "$WORK/quality_$init" "${flags[@]}" > "$WORK/quality_$init.log" 2>&1 \
       || { cat "$WORK/quality_$init.log" >&2; exit 1; }
+  else
+    echo "$step/4 using the scores of $what in $WORK/quality_$init (newer than the checkpoint)"
   fi
+  step=$((step + 1))
 done
-echo "quality of $CKPT beside a randomly initialised twin ($WORK/quality.json):"
+echo "4/4 the two side by side (tools/quality_table.py, also in $WORK/quality.json):"
 "$PY" -m tools.quality_table --pretrained "$WORK/quality_pretrained" --random_init "$WORK/quality_random_init" \
   --output "$WORK/quality.json"
 echo "checkpoint: $CKPT   plot: $WORK/out/demo_loss.png   Hugging Face export: see README"

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.launch import TINY_CFG  # noqa: E402
+from tests.launch import TINY_CFG, one_error_line  # noqa: E402
 from testkit.synthetic import make_data_root  # noqa: E402
 from tools import eval_mlm  # noqa: E402
 from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
@@ -263,6 +263,63 @@ def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, 
     assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err
 
 
+def test_quality_table_refuses_results_that_do_not_compare(tiny, tmp_path, capsys):
+    """Two results that are not a checkpoint and its random-init twin on the same inputs: one line
+    each, exit 2, no table: swapped flags, two models, another pairs file (same path, other content),
+    a validation score on one side only, and a file that holds no results object."""
+    import shutil
+
+    from tools import quality_table
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs())
+    validation = os.path.join(tiny["root"], "nvidia", "128", "validation")
+    other_model = tmp_path / "copy" / "tiny_bert"
+    shutil.copytree(tiny["job"], other_model)
+
+    def score(name, model=tiny["job"], *extra):
+        assert eval_mlm.main(["--model", str(model), "--pairs", pairs, "--output_dir", str(tmp_path / name),
+                              *extra]) == 0
+        return str(tmp_path / name)
+
+    both = ["--validation_set", validation]
+    pretrained, random_init = score("p", tiny["job"], *both), score("r", tiny["job"], "--random_init", *both)
+    other = score("other", other_model, "--random_init", *both)
+    no_validation = score("nv", tiny["job"], "--random_init")
+    write_pairs(tmp_path / "pairs.jsonl", some_pairs(seed=5))  # the same file name, other pairs
+    other_pairs = score("op", tiny["job"], "--random_init", *both)
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    capsys.readouterr()
+
+    def refused(a, b, *extra):
+        assert quality_table.main(["--pretrained", a, "--random_init", b, *extra]) == 2
+        captured = capsys.readouterr()
+        assert not captured.out
+        return one_error_line(captured.err)
+
+    assert refused(random_init, pretrained) == (f"error: --pretrained {random_init}: scored with --random_init (fresh "
+                                                "weights); give the results of the checkpoint's own weights")
+    assert f"--random_init {pretrained}: scored the model's own weights" in refused(pretrained, pretrained)
+    assert (f"the two results are of different models ({tiny['job']} and {other_model}); score one --model twice"
+            in refused(pretrained, other))
+    assert (f"only the pretrained results ({pretrained}) have a validation set score; score both with the same "
+            "--validation_set" in refused(pretrained, no_validation))
+    assert ("the two results scored different minimal pairs files (their sha256 differ); score both with the same "
+            "--pairs" in refused(pretrained, other_pairs))
+    assert f"{listing}: a JSON list, not the results.json of tools/eval_mlm.py" in refused(str(listing), random_init)
+    assert quality_table.main(["--pretrained", pretrained, "--random_init", random_init]) == 0
+    table = capsys.readouterr().out
+    assert "pairs" in table and "    12  " in table
+    # results with a bare NaN in them (an older eval_mlm wrote them): no quality.json holds it
+    older = json.load(open(os.path.join(random_init, "results.json")))
+    older["validation_set"]["perplexity"] = float("nan")
+    (tmp_path / "r" / "results.json").write_text(json.dumps(older))
+    output = tmp_path / "quality.json"
+    assert (f"{output}: not written: validation_mlm.random_init.perplexity is nan, not a finite number"
+            in refused(pretrained, random_init, "--output", str(output)))
+    assert not output.exists()
+
+
 def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
     """A model states file that only the full unpickler reads (an object beside the tensors) is
     refused with one line; nothing in it runs."""
@@ -276,3 +333,35 @@ def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):
     pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(2))
     line = _error_line(capsys, ["--model", str(tag), "--pairs", pairs, "--output_dir", str(tmp_path / "out")])
     assert "does not load with torch.load(weights_only=True)" in line and "not unpickled" in line
+
+
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, as strict parsers (and other languages) do."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} in a results file")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_scores_that_are_not_finite_are_an_error_line_not_a_file(tiny, tmp_path, capsys):
+    """Finite weights whose MLM head overflows score NaN: one error line naming the file and the
+    key, exit 2, and an earlier run's files in --output_dir stay as they were (strict JSON)."""
+    import shutil
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(4))
+    argv = ["--pairs", pairs, "--validation_set", os.path.join(tiny["root"], "nvidia", "128", "validation"),
+            "--output_dir", str(tmp_path / "out")]
+    assert eval_mlm.main(["--model", tiny["job"], *argv]) == 0
+    capsys.readouterr()
+    written = {name: (tmp_path / "out" / name).read_text() for name in ("results.json", "pair_scores.jsonl")}
+    strict_json(written["results.json"])
+    assert [strict_json(line)["pairID"] for line in written["pair_scores.jsonl"].splitlines()] == ["0", "0", "1", "1"]
+    tag = tmp_path / "job" / "step3"
+    shutil.copytree(tiny["tag"], tag)
+    state = torch.load(tag / MODEL_STATES_FILE, weights_only=True)
+    state["module"]["cls.predictions.transform.dense_act.weight"].fill_(1e38)  # finite, but overflows
+    torch.save(state, tag / MODEL_STATES_FILE)
+    assert eval_mlm.main(["--model", str(tag), *argv]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{tmp_path / 'out' / 'pair_scores.jsonl'}:1: not written: pll_good is nan, not a finite number" in line
+    assert {name: (tmp_path / "out" / name).read_text() for name in written} == written

@@ -8,6 +8,7 @@ words, so "do these two sentences come from the same document" (probe_samedoc) i
 pretraining's masked words and next sentences teach. The GLUE-layout files are tiny and made here.
 """
 import json
+import math
 import os
 import random
 import signal
@@ -299,7 +300,8 @@ def test_errors(pretrained, glue_dir, tmp_path, capsys):
     assert sorted(os.listdir(out)) == ["results.json"]
     # without --overwrite the folder is refused first, before the data and weights are read
     assert finetune(pretrained["ckpt"], "sst2", bad, out) == 2
-    assert f"--output_dir {out} is not empty (results.json)" in _error_line(capsys)
+    assert (f"--output_dir {out} holds a results.json finetune_glue did not write ({out / 'results.json'}), not "
+            "those of sst2" in _error_line(capsys))
 
     for lr in ("inf", "nan", "0", "1e-4,1e400"):
         assert finetune(pretrained["ckpt"], "sst2", sst2, tmp_path / "lr", "--lr", lr) == 2
@@ -460,10 +462,15 @@ def test_glue_table_columns_of_same_named_folders(tmp_path, capsys):
         document = {task: results_entry(task, score) for task, score in tasks.items()}
         (tmp_path / run / "glue" / "results.json").write_text(json.dumps(document))
     assert glue_table.main([str(tmp_path / "A" / "glue"), str(tmp_path / "B" / "glue" / "results.json")]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[:-1]]
     assert rows[0] == ["task", "metric", "A/glue", "B/glue", "majority"]
+    # the average compares like with like: the one task both runs have, and it says so
     assert {row[0]: row[-3:-1] for row in rows[1:]} == {"sst2": ["61.0", "73.0"], "rte": ["52.0", "-"],
-                                                      "cola": ["-", "10.0"], "average": ["56.5", "41.5"]}
+                                                      "cola": ["-", "10.0"], "average": ["61.0", "73.0"]}
+    assert rows[-1][:3] == ["average", "of", "1"]
+    assert lines[-1] == ("average: over the 1 of 3 tasks every column has; left out: rte (only in A/glue), "
+                         "cola (only in B/glue)")
     # a name given twice is refused, not merged
     assert glue_table.main([f"x={tmp_path / 'A' / 'glue'}", f"x={tmp_path / 'B' / 'glue'}"]) == 2
     assert "two columns named 'x'" in _error_line(capsys)
@@ -489,9 +496,12 @@ def test_reused_output_dir_is_refused_or_cleared(pretrained, glue_dir, tmp_path,
     capsys.readouterr()
     assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3") == 2
     line = _error_line(capsys)
-    assert f"--output_dir {out} is not empty (CoLA, RTE, SST-2, results.json)" in line and "--overwrite" in line
+    assert (f"--output_dir {out}: cola was fine-tuned there with other settings (lr [4e-05] (now [0.001]))" in line
+            and "--overwrite" in line)
     assert (out / "results.json").read_text() == first
     (out / "notes.txt").write_text("mine")
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 2
+    assert f"--output_dir {out} holds files finetune_glue did not write for this run (notes.txt)" in _error_line(capsys)
     assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--lr", "1e-3", "--overwrite") == 0
     err = capsys.readouterr().err
     assert "--overwrite: removed the earlier results in" in err and "SST-2/dev_predictions.tsv" in err, err
@@ -530,7 +540,8 @@ def test_a_signal_keeps_the_finished_tasks_and_nothing_else(pretrained, glue_dir
     err = capsys.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.splitlines()[-1] == (f"finetune_glue: stopped by {signal.Signals(signum).name}; finished cola (results "
-                                    f"in {out / 'results.json'}); no results for sst2, rte")
+                                    f"in {out / 'results.json'}); no results for sst2, rte; the same command "
+                                    "continues the run")
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"cola", "average", "unfinished"} and results["unfinished"] == ["sst2", "rte"]
     assert json.loads((out / "CoLA" / "results.json").read_text())["task"] == "cola"
@@ -541,6 +552,45 @@ def test_a_signal_keeps_the_finished_tasks_and_nothing_else(pretrained, glue_dir
     assert [row.split()[0] for row in table[1:-1]] == ["cola"] and table[-1] == "out: the run stopped before sst2, rte"
 
 
+def test_the_same_command_continues_a_stopped_run(pretrained, glue_dir, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while sst2 trains, after cola finished; the same command again: cola's results kept
+    (not trained again), sst2 and rte run, one run's TensorBoard events each. Another setting, or
+    another model, is refused naming the task and what differs."""
+    real_predict, real_run_task, calls, trained = finetune_glue.predict, finetune_glue.run_task, [], []
+
+    def predict(model, loader, device, bf16):  # call 1: cola's dev set; call 2: sst2's, trained
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real_predict(model, loader, device, bf16)
+
+    def run_task(args, source, data, out_dir, device):
+        trained.append(data.task.name)
+        return real_run_task(args, source, data, out_dir, device)
+
+    monkeypatch.setattr(finetune_glue, "predict", predict)
+    monkeypatch.setattr(finetune_glue, "run_task", run_task)
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 128 + signal.SIGINT
+    cola = (out / "CoLA" / "results.json").read_text()
+    assert (out / "SST-2" / "runs").is_dir() and trained == ["cola", "sst2"]
+    capsys.readouterr()
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out) == 0
+    assert trained == ["cola", "sst2", "sst2", "rte"]
+    assert "cola: finished by an earlier run of this command, kept" in capsys.readouterr().err
+    assert (out / "CoLA" / "results.json").read_text() == cola
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"cola", "sst2", "rte", "average"}
+    assert results["average"] == pytest.approx(np.mean([results[t]["score"] for t in ("cola", "sst2", "rte")]))
+    assert len(os.listdir(out / "SST-2" / "runs" / "sst2" / "seed0")) == 1
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--epochs", "2") == 2
+    line = _error_line(capsys)
+    assert f"--output_dir {out}: cola was fine-tuned there with other settings (epochs 1 (now 2))" in line
+    assert finetune(pretrained["ckpt"], "all", glue_dir, out, "--random_init") == 2
+    assert "cola was fine-tuned there with other settings (random_init False (now True))" in _error_line(capsys)
+    assert trained == ["cola", "sst2", "sst2", "rte"] and (out / "CoLA" / "results.json").read_text() == cola
+
+
 def test_a_non_finite_loss_stops_without_results(pretrained, glue_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), out, "--lr", "1e10",
@@ -548,6 +598,37 @@ def test_a_non_finite_loss_stops_without_results(pretrained, glue_dir, tmp_path,
     line = _error_line(capsys)
     assert "sst2 seed 0: the loss is nan at step" in line and "lower --lr" in line and "no results for sst2" in line
     assert not (out / "results.json").exists() and not (out / "dev_predictions.tsv").exists()
+
+
+def learning_rates(total_steps, lr=1e-3):
+    """The LR of each optimizer step of make_optimizer's schedule, as the optimizer applies it."""
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = finetune_glue.make_optimizer(model, lr, total_steps)
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+@pytest.mark.parametrize("total_steps", [1, 2, 3, 10, 25])
+def test_every_fine_tuning_step_trains_at_a_learning_rate_above_zero(total_steps):
+    lrs = learning_rates(total_steps)
+    assert len(lrs) == total_steps and min(lrs) > 0 and max(lrs) == pytest.approx(1e-3)
+    warmup = max(1, math.ceil(0.1 * total_steps))
+    assert lrs[:warmup] == sorted(lrs[:warmup]) and lrs[warmup - 1:] == sorted(lrs[warmup - 1:], reverse=True)
+
+
+def test_a_one_step_fine_tune_trains_at_the_peak_learning_rate(pretrained, glue_dir, tmp_path):
+    """48 training examples in one batch, one epoch: its one step at --lr (it was at 0), as logged."""
+    from turing.tb_events import read_run
+
+    out = tmp_path / "out"
+    assert finetune(pretrained["ckpt"], "sst2", os.path.join(glue_dir, "SST-2"), out, "--batch_size", "64",
+                    "--lr", "3e-4") == 0
+    scalars, _ = read_run(os.path.join(out, "runs", "sst2", "seed0"))
+    assert scalars["Train/lr"] == [(1, pytest.approx(3e-4))]
 
 
 def test_fine_tune_log_line_says_each_metric_once(pretrained, glue_dir, tmp_path, capsys):

@@ -86,3 +86,31 @@ def test_missing_events_and_bad_smoothing_are_one_line_errors(tiny_run, tmp_path
     assert plot_run.main([tiny_run["runs"], "--smooth", "1.5", "--output", str(tmp_path / "x.png")]) == 2
     assert "--smooth" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x.png")
+
+
+def test_accuracy_is_drawn_in_percent_as_the_text_says_it(tmp_path, monkeypatch, capsys):
+    """A run that logged MLM accuracy 0.25 then 0.5 (fractions): the accuracy panels draw 25 and 50
+    on an axis labelled %, and the printed line says 50.0%."""
+    import matplotlib.figure
+    from tensorboardX import SummaryWriter
+
+    runs = []
+    for name in ("a", "b"):
+        runs.append(str(tmp_path / name / "runs" / "job"))
+        with SummaryWriter(runs[-1]) as writer:
+            for step, (accuracy, minutes) in enumerate(((0.25, 1.0), (0.5, 2.0)), start=1):
+                writer.add_scalar("Validation/step/MLM_accuracy", accuracy, step)
+                writer.add_scalar("Validation/train_minutes", minutes, step)
+    figures, savefig = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: (figures.append(self), savefig(self, *a, **k))[1])
+    assert plot_run.main([runs[0], "--output", str(tmp_path / "one.png")]) == 0
+    assert "validation MLM accuracy 50.0% at step 2" in capsys.readouterr().out
+    plot_run.plot_runs(runs, str(tmp_path / "two.png"))
+    drawn = {}
+    for figure in figures:
+        for ax in figure.axes:
+            if ax.get_visible() and ax.get_lines():
+                drawn.setdefault(ax.get_title(), []).append((ax.get_ylabel(), list(ax.get_lines()[0].get_ydata())))
+    assert drawn["Validation accuracy"] == [("accuracy (%)", [25.0, 50.0])] * 2
+    assert drawn[plot_run.MINUTES_PANEL] == [("MLM accuracy (%)", [25.0, 50.0])]

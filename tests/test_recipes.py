@@ -147,3 +147,58 @@ def test_the_demo_trains_the_recipe_that_bench_quality_measures():
         for name, value in zip(recipe["flags"][::2], recipe["flags"][1::2]):
             assert flags[flags.index(name) + 1] == value, name
         assert flags[flags.index("--validation_every_steps") + 1] == str(recipe["validation_every_steps"])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["my_demo", "--max_steps", "5", "--help"]],
+                         ids=["help", "h", "after_flags"])
+def test_demo_help_prints_its_usage_and_does_nothing(tmp_path, argv):
+    """`bash scripts/demo.sh --help` prints the demo's usage and exits 0; no step runs (the Python it
+    would install into and train with is a stand-in that records any call)."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    calls = tmp_path / "calls.txt"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    python.chmod(0o755)
+    done = subprocess.run(["bash", os.path.join(repo, "scripts", "demo.sh"), *argv], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(python), "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]")
+    assert "DEMO_CONFIGS=configs/demo" in done.stdout and not done.stderr
+    assert not calls.exists(), calls.read_text()
+
+
+def test_demo_says_what_each_quality_stage_does_before_it_runs(tmp_path):
+    """The demo's zero-shot quality step (a couple of silent minutes on a CPU) prints a line before
+    each of its stages, saying what it does and where eval_mlm's log goes. Every command is a
+    stand-in (Python, the launcher) that appends what it was asked to the same file as the script's
+    output, so the file shows each line before its command."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    log, work = tmp_path / "output.txt", tmp_path / "work"
+    work.mkdir()  # scripts/prepare_demo_data.sh's stand-in makes nothing
+    for name in ("python", "deepspeed"):
+        (tmp_path / name).write_text(f"#!/bin/sh\necho \"RAN $*\" >> {log}\n")
+        (tmp_path / name).chmod(0o755)
+    done = subprocess.run(["bash", "-c", f"bash {repo}/scripts/demo.sh {work} >> {log} 2>&1"], timeout=60,
+                          env={**os.environ, "PYTHON": str(tmp_path / "python"),
+                               "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    lines = log.read_text().splitlines()
+    assert done.returncode == 0, lines
+    quality = lines[next(i for i, line in enumerate(lines) if line.startswith("zero-shot quality of")):]
+    stages, said = [], None  # (the last line the script said, the command it then ran)
+    for line in quality:
+        if line.startswith("RAN "):
+            stages.append((said, line.split()[2]))
+        elif not line.startswith(" "):  # an indented line continues the one before
+            said = line
+    assert [command for _, command in stages] == ["tools.make_minimal_pairs", "tools.eval_mlm", "tools.eval_mlm",
+                                                  "tools.quality_table"]
+    assert [line.split(" ", 1)[0] for line, _ in stages] == ["1/4", "2/4", "3/4", "4/4"]
+    assert stages[0][0].startswith("1/4 making minimal pairs") and stages[1][0].startswith("2/4 scoring the checkpoint")
+    assert stages[2][0].startswith("3/4 scoring a randomly initialised twin")
+    for init in ("pretrained", "random_init"):
+        assert f"its log: {work}/quality_{init}.log" in "\n".join(quality)

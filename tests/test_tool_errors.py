@@ -1,21 +1,24 @@
 """Tracebacks turned into one error line: a 0-byte weights file (export and --use_pretrain, our
-checkpoints and Hugging Face exports), a
+checkpoints and Hugging Face exports), weights holding a NaN (every reader of weights), a
 garbage TensorBoard events file (plot_run), and an export into a folder that holds files
 already (refused without --overwrite, never overwritten silently)."""
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
 
 import pytest
+import torch
 from tensorboardX.record_writer import masked_crc32c
 
 import deepspeed_train
 from tests.launch import REPO, TINY_CFG, ds_config, one_error_line
 from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
-from tools import export_hf, plot_run
+from tools import eval_mlm, export_hf, finetune_glue, plot_run
+from turing.checkpoint import MODEL_STATES_FILE, resolve_checkpoint_tag_dir
 
 
 def empty_checkpoint(folder):
@@ -34,21 +37,15 @@ def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
     assert "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)" in line
 
 
-@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
-def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
-    if source == "file":
-        weights = tmp_path / "bert.pt"
-        weights.write_bytes(b"")
-        expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
-    elif source == "hf_export":  # an export whose model.safetensors was cut to 0 bytes
-        weights = tmp_path / "hf"
-        weights.mkdir()
-        (weights / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
-        (weights / "model.safetensors").write_bytes(b"")
-        expected = f"{weights / 'model.safetensors'}: not a complete safetensors file (0 bytes"
-    else:
-        weights = empty_checkpoint(tmp_path / "ckpt")
-        expected = "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)"
+def hf_folder(folder):
+    """A Hugging Face folder's config.json (the weights file is the caller's)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "roberta-prelayernorm"}))
+    return folder
+
+
+def use_pretrain_error(weights, data_root, tmp_path, capsys):
+    """The one error line of a tiny training run started --use_pretrain from `weights` (exit code 2)."""
     config = json.load(open(TINY_CFG))
     config["bert_model_file"] = str(weights)
     cf = tmp_path / "job.json"
@@ -59,7 +56,101 @@ def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, cap
                               "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--use_nvidia_dataset",
                               "--use_pretrain", "--log_level", "warning"])
     assert stop.value.code == 2
-    assert expected in one_error_line(capsys.readouterr().err)
+    return one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
+def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
+    if source == "file":
+        weights = tmp_path / "bert.pt"
+        weights.write_bytes(b"")
+        expected = "bert.pt: not a torch state dict (empty file, 0 bytes"
+    elif source == "hf_export":  # an export whose model.safetensors was cut to 0 bytes
+        weights = hf_folder(tmp_path / "hf")
+        (weights / "model.safetensors").write_bytes(b"")
+        expected = f"{weights / 'model.safetensors'}: not a complete safetensors file (0 bytes"
+    else:
+        weights = empty_checkpoint(tmp_path / "ckpt")
+        expected = "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)"
+    assert expected in use_pretrain_error(weights, data_root, tmp_path, capsys)
+
+
+NAN_TENSOR = "bert.encoder.layer.1.attention.self.query.weight"
+
+
+def nan_checkpoint(tiny_run, folder):
+    """A copy of the tiny run's latest checkpoint with one NaN in NAN_TENSOR (a run that diverged)."""
+    tag = resolve_checkpoint_tag_dir(tiny_run["ckpt"])
+    shutil.copytree(tag, folder / "job" / os.path.basename(tag))
+    (folder / "job" / "latest").write_text(os.path.basename(tag))
+    path = folder / "job" / os.path.basename(tag) / MODEL_STATES_FILE
+    saved = torch.load(path, weights_only=True)
+    saved["module"][NAN_TENSOR][0, 0] = float("nan")
+    torch.save(saved, path)
+    return folder / "job", saved["module"]
+
+
+def refused(line):
+    """`line`, which must refuse NAN_TENSOR as not finite."""
+    assert f"tensor {NAN_TENSOR} is not finite (1 NaN and 0 infinite" in line, line
+    return line
+
+
+def refused_line(capsys):
+    return refused(one_error_line(capsys.readouterr().err))
+
+
+def test_every_tool_refuses_weights_that_are_not_finite(tiny_run, tmp_path, capsys):  # noqa: F811
+    """A checkpoint whose weights hold a NaN is not scored, exported or fine-tuned: one line naming
+    the tensor, exit code 2, no output written (finetune_glue does not advise a lower --lr)."""
+    job, _ = nan_checkpoint(tiny_run, tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"sentence_good": "w1 w2", "sentence_bad": "w2 w1", "UID": "u", "pairID": "0"}) + "\n")
+    assert eval_mlm.main(["--model", str(job), "--pairs", str(pairs), "--output_dir", str(tmp_path / "eval")]) == 2
+    refused_line(capsys)
+    assert not (tmp_path / "eval" / "results.json").exists()
+    assert export_hf.main(["--checkpoint_dir", str(job), "--output_dir", str(tmp_path / "hf")]) == 2
+    refused_line(capsys)
+    assert not (tmp_path / "hf").exists()
+    glue = tmp_path / "SST-2"
+    glue.mkdir()
+    for split in ("train", "dev"):
+        (glue / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"w{i} w{i + 1}\t{i % 2}\n" for i in range(8)))
+    assert finetune_glue.main(["--model", str(job), "--task", "sst2", "--data_dir", str(glue), "--output_dir",
+                               str(tmp_path / "glue"), "--seeds", "1", "--epochs", "1"]) == 2
+    assert "--lr" not in refused_line(capsys)
+    assert not (tmp_path / "glue").exists()
+
+
+def test_export_whose_scores_are_not_finite_is_refused(tiny_run, tmp_path, capsys):  # noqa: F811
+    """Finite weights whose MLM head overflows: the check of the exported model against ours refuses
+    it (a NaN difference passed the check before), and nothing is written."""
+    job, _ = nan_checkpoint(tiny_run, tmp_path)
+    path = next(job.glob(f"*/{MODEL_STATES_FILE}"))
+    saved = torch.load(path, weights_only=True)
+    saved["module"][NAN_TENSOR][0, 0] = 0.0
+    saved["module"]["cls.predictions.transform.dense_act.weight"].fill_(1e38)
+    torch.save(saved, path)
+    assert export_hf.main(["--checkpoint_dir", str(job), "--output_dir", str(tmp_path / "hf")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "our model's MLM scores on a test batch are not finite (NaN or Infinity); not exported" in line
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
+def test_use_pretrain_refuses_weights_that_are_not_finite(tiny_run, data_root, tmp_path, capsys, source):  # noqa: F811
+    job, state = nan_checkpoint(tiny_run, tmp_path)
+    if source == "file":
+        weights = tmp_path / "bert.pt"
+        torch.save(state, weights)
+    elif source == "hf_export":  # read before it is mapped: an export's own tensor names
+        from safetensors.torch import save_file
+
+        weights = hf_folder(tmp_path / "hf")
+        save_file({NAN_TENSOR: state[NAN_TENSOR].contiguous()}, weights / "model.safetensors")
+    else:
+        weights = job
+    refused(use_pretrain_error(weights, data_root, tmp_path, capsys))
 
 
 def damaged_record():
@@ -115,3 +206,15 @@ def test_every_tool_runs_typed_as_a_file_from_anywhere(tool, tmp_path):
     done = subprocess.run([sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tool", ["eval_mlm", "export_hf", "finetune_glue"])
+def test_help_is_answered_before_the_slow_imports(tool):
+    """`python -m tools.NAME --help` prints the usage without importing torch, DeepSpeed or
+    transformers (it took seconds, and began with DeepSpeed's "Setting accelerator" warning)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", f"tools.{tool}", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "argparse" in imported and not imported & {"torch", "deepspeed", "transformers"}
+    assert "Setting accelerator" not in done.stdout + done.stderr

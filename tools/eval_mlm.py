@@ -34,12 +34,16 @@ Scores
   the best any unigram model can do there): the accuracy of always predicting the most frequent
   token and the unigram perplexity, exp(entropy).
 
-Output under OUT: results.json (all of the above, scores as fractions), pair_scores.jsonl (one line
-a pair: file, line, UID, pairID, pll_good, pll_bad, correct), and with --tensorboard_dir RUN
-scalars `Quality/...` (`Quality_random_init/...` with --random_init) at the checkpoint's global
-step (from its tag, or --step), e.g. into the training run's folder OUT/runs/JOB.
+Output under OUT: results.json (all of the above, scores as fractions; the model, whether it was
+--random_init, and the sha256 of every input scored: each pairs file, the text, the validation
+set's files, so that tools/quality_table.py can check that two results scored the same),
+pair_scores.jsonl (one line a pair: file, line, UID, pairID, pll_good, pll_bad, correct), and with
+--tensorboard_dir RUN scalars `Quality/...` (`Quality_random_init/...` with --random_init) at the
+checkpoint's global step (from its tag, or --step), e.g. into the training run's folder OUT/runs/JOB.
 Bad input (a missing file, a line that is not JSON or lacks a field, a sentence too long) is one
-`error: FILE:LINE: ...` line and exit code 2.
+`error: FILE:LINE: ...` line and exit code 2; so are weights that are not finite (naming the
+tensor) and a score that is not (naming the file and key: the files are strict JSON, never NaN,
+and are written once everything is scored, so an earlier run's stay as they were).
 """
 import argparse
 import dataclasses
@@ -53,37 +57,10 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import NamedTuple
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader
-
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bing_bert_dataset_provider import BingBertDatasetProvider
-from deepspeed_train import load_pretrained_weights
-from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-from tools.finetune_glue import model_source
-from turing.batch import Batch, collate_batch
-from turing.checkpoint import resolve_checkpoint_tag_dir, step_of
-from turing.errors import InputError
-from turing.hf_convert import is_hf_folder
-from turing.models import pretraining_model
-from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
-from utils import set_seeds
-
-logger = logging.getLogger("eval_mlm")
-
-PAIR_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 DEFAULT_BATCH_TOKENS = 16384
-VALIDATION_BATCH = 64
-# validation sets are told apart as the trainer tells them: hdf5 files, else Bing shards
-VALIDATION_FORMATS = (NvidiaBertDatasetProvider, BingBertDatasetProvider)
-
-
-class EvalError(ValueError):
-    """Bad input to the evaluation; the message names the file (and line) or the flag."""
 
 
 def build_parser():
@@ -117,6 +94,40 @@ def build_parser():
                    help="global step of the TensorBoard scalars (default: the checkpoint tag's step, else 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+if __name__ == "__main__":  # --help and a bad flag are answered here, before the slow imports below
+    build_parser().parse_args()  # (torch, DeepSpeed, transformers); main() parses the flags again
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from bing_bert_dataset_provider import BingBertDatasetProvider
+from deepspeed_train import load_pretrained_weights
+from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from tools.finetune_glue import model_source
+from turing.batch import Batch, collate_batch
+from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
+from turing.errors import InputError
+from turing.hf_convert import is_hf_folder
+from turing.jsonfile import json_text
+from turing.models import pretraining_model
+from turing.outputs import content_sha256
+from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
+from utils import set_seeds
+
+logger = logging.getLogger("eval_mlm")
+
+PAIR_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+VALIDATION_BATCH = 64
+# validation sets are told apart as the trainer tells them: hdf5 files, else Bing shards
+VALIDATION_FORMATS = (NvidiaBertDatasetProvider, BingBertDatasetProvider)
+
+
+class EvalError(ValueError):
+    """Bad input to the evaluation; the message names the file (and line) or the flag."""
 
 
 def check_args(args):
@@ -515,9 +526,24 @@ def report_lines(results):
     return lines
 
 
+def write_results(output_dir, results, rows):
+    """pair_scores.jsonl (with pairs), then results.json, each whole or not at all. A score that is
+    not finite is an EvalError naming the file and the key, and then neither file is written."""
+    texts = []
+    if rows is not None:
+        path = results["minimal_pairs"]["pair_scores"]
+        texts.append((path, "".join(json_text(r, f"{path}:{n}", EvalError, indent=None) + "\n"
+                                    for n, r in enumerate(rows, start=1))))
+    path = os.path.join(output_dir, "results.json")
+    texts.append((path, json_text(results, path, EvalError)))
+    for path, text in texts:
+        write_atomic(path, text)
+
+
 def evaluate(args):
     """Score everything asked for; returns the results dict (also written to OUT/results.json).
-    Every input is read and checked before the weights load and anything is scored."""
+    Every input is read and checked before the weights load and anything is scored; the files
+    are written once everything is scored."""
     check_args(args)
     started = time.time()
     pairs = [p for path in args.pairs for p in read_pairs(path)]
@@ -532,21 +558,23 @@ def evaluate(args):
     results = {"model": os.path.abspath(args.model), "random_init": args.random_init, "seed": args.seed,
                "step": step, "vocab_file": scorer.vocab_file, "vocab_size": scorer.vocab_real}
     os.makedirs(args.output_dir, exist_ok=True)
+    rows = None
     if pairs:
         logger.info("Scoring %d minimal pairs of %d file(s)", len(pairs), len(args.pairs))
         results["minimal_pairs"], rows = score_pairs(scorer, pairs, encoded, args.batch_tokens)
+        results["minimal_pairs"]["sha256"] = {path: content_sha256(path) for path in results["minimal_pairs"]["files"]}
         results["minimal_pairs"]["pair_scores"] = os.path.join(args.output_dir, "pair_scores.jsonl")
-        with open(results["minimal_pairs"]["pair_scores"], "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
     if text:
         logger.info("Scoring %s, every token masked in turn", args.text)
-        results["text"] = score_text(scorer, args.text, text, args.batch_tokens)
+        results["text"] = {**score_text(scorer, args.text, text, args.batch_tokens),
+                           "sha256": content_sha256(args.text)}
     if validation is not None:
         logger.info("Scoring the validation set %s", args.validation_set)
-        results["validation_set"] = score_validation_set(scorer, args.validation_set, validation)
+        results["validation_set"] = {**score_validation_set(scorer, args.validation_set, validation),
+                                     "validation_seed": args.validation_seed,
+                                     "sha256": content_sha256(args.validation_set)}
     results["seconds"] = round(time.time() - started, 1)
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
+    write_results(args.output_dir, results, rows)
     if args.tensorboard_dir:
         write_tensorboard(args.tensorboard_dir, step or 0, results)
     return results

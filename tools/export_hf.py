@@ -29,30 +29,8 @@ import shutil
 import sys
 import tempfile
 
-import torch
-
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
-from turing.checkpointer import VOCAB_COPY
-from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
-                               modern_to_hf, ours_to_hf)
-from turing.jsonfile import read_json
-from turing.modeling import BertConfigError
-from turing.models import model_config_from_dict, pretraining_model
-from turing.outputs import earlier_output
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
-
-logger = logging.getLogger(__name__)
-
-VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
-# the token embedding's key in our state dict, by architecture
-EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "modernbert": "bert.embeddings.tok_embeddings.weight"}
-
-
-class ExportError(ValueError):
-    """Bad input to the export; the message names the file or key."""
 
 
 def build_parser():
@@ -74,6 +52,32 @@ def build_parser():
                         help="skip running both models on a test batch before writing")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return parser
+
+
+if __name__ == "__main__":  # --help and a bad flag are answered here, before the slow imports below
+    build_parser().parse_args()  # (torch, DeepSpeed, transformers); main() parses the flags again
+
+import torch
+
+from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
+from turing.checkpointer import VOCAB_COPY
+from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
+                               modern_to_hf, ours_to_hf)
+from turing.jsonfile import read_json
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
+from turing.outputs import earlier_output
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
+
+logger = logging.getLogger(__name__)
+
+VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
+# the token embedding's key in our state dict, by architecture
+EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "modernbert": "bert.embeddings.tok_embeddings.weight"}
+
+
+class ExportError(ValueError):
+    """Bad input to the export; the message names the file or key."""
 
 
 def _read_json(path, what):
@@ -176,6 +180,10 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
         scores, _ = ours.predict(ids, segments, mask)
         hf_scores = hf_model(input_ids=ids, attention_mask=mask, **types).logits
     real = mask.bool()
+    for name, values in (("our model's", scores[real]), ("the exported model's", hf_scores[real])):
+        if not bool(torch.isfinite(values).all()):
+            raise ConversionError(f"{name} MLM scores on a test batch are not finite (NaN or Infinity); "
+                                  "not exported")
     diff = (scores[..., :vocab_size_real][real] - hf_scores[real]).abs().max().item()
     scale = max(1.0, scores[real].abs().max().item())
     if diff > VERIFY_TOLERANCE * scale:

@@ -25,7 +25,8 @@ BertForSequenceClassification. A checkpoint or export of the modernbert architec
 (turing/modern.py) gets transformers' ModernBertForSequenceClassification's head instead: a fresh
 dense + act + norm on the [CLS] (or mean) output, then dropout and the linear head. The protocol is cramming's "GLUE-sane" one: the same
 hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases and
-LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps then linear decay to 0,
+LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps (the first step at the peak
+over the warmup steps, never at 0) then linear decay towards 0,
 gradient clipping 1.0), the final model scored on the dev set, and the median over --seeds
 runs (seeds 0..N-1; for an even N the lower median, so the score is always one run's).
 Small models need a higher learning rate than BERT-base's 4e-5: with several (`--lr
@@ -37,8 +38,9 @@ a warning with its likely causes and marked `"collapsed"` in results.json.
 Output under OUT (for `all`, one subfolder per task, named like the task's folder):
 - results.json: {"task", "metric", "score" (the median), "scores" (one per seed), "seeds",
   "metrics" (every metric, per seed), "collapsed" (per seed), "majority_baseline", "model",
-  "settings" (lr: the one used), "lr_sweep" (with several --lr), ...}; for `all` the same in
-  each task's subfolder, and in OUT one such entry per task plus "average" (the mean of the
+  "settings" (lr: the one used), "lr_sweep" (with several --lr), "run" (what the results were
+  made from: the weights, every setting, the sha256 of the data files), ...}; for `all` the same
+  in each task's subfolder, and in OUT one such entry per task plus "average" (the mean of the
   task scores) and, while tasks remain (a run stopped early), "unfinished" (their names).
   Scores are fractions. Each task's files are written, whole, as soon as the task finishes
   (results.json last), so a stopped run leaves the finished tasks' results and nothing else.
@@ -46,18 +48,20 @@ Output under OUT (for `all`, one subfolder per task, named like the task's folde
   data writes them (MNLI also dev_mismatched_predictions.tsv);
 - runs/TASK/seedS: TensorBoard logs (loss, learning rate, dev metrics); runs/TASK/lr_sweep/lrLR
   those of the sweep's runs.
-OUT must be empty or new: earlier results there are refused, or removed with --overwrite
-(files the tool did not write are left, with a warning), so one folder never mixes two runs.
+The same command run again continues (after Ctrl-C, say): the tasks it finished in OUT with the
+same weights, settings and data (their "run") are kept, the others run, what a stopped run left of
+them removed first. Results there made otherwise are refused, naming the task and what differs,
+and so is a file the tool does not write; --overwrite removes every earlier result first (files
+the tool did not write are left, with a warning). So one folder never mixes two runs.
 
 Exit codes: 2 for bad input (missing folder or file, unknown task, malformed TSV line or
-non-finite label, a checkpoint whose sizes do not fit, a non-empty OUT): one `error: ...` line
-before any training. 3 when a loss (or the final weights) is not finite: the run stops, and the
-task has no results. 128 + the signal on SIGINT (Ctrl-C) or SIGTERM: one line saying which
-tasks finished.
+non-finite label, a checkpoint whose sizes do not fit or whose weights are not finite, an OUT
+holding other results): one `error: ...` line before any training. 3 when a loss (or the final
+weights) is not finite: the run stops, and the task has no results. 128 + the signal on SIGINT
+(Ctrl-C) or SIGTERM: one line saying which tasks finished.
 """
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -70,33 +74,8 @@ import time
 from types import SimpleNamespace
 from typing import NamedTuple
 
-import numpy as np
-import torch
-from tensorboardX import SummaryWriter
-from torch.utils.data import DataLoader
-from tqdm import tqdm
-
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
-from tools.export_hf import ExportError, find_vocab_file
-from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
-from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
-                         majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
-from turing.hf_convert import is_hf_folder, load_hf_folder
-from turing.jsonfile import read_json
-from turing.modeling import BertConfigError
-from turing.models import model_config_from_dict, pretraining_model
-from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
-from utils import set_seeds
-
-logger = logging.getLogger("finetune_glue")
-
-WARMUP_PROPORTION = 0.1
-WEIGHT_DECAY = 0.01
-MAX_GRAD_NORM = 1.0
-EVAL_BATCH_SIZE = 128
 
 
 def build_parser():
@@ -124,12 +103,42 @@ def build_parser():
     p.add_argument("--random_init", action="store_true",
                    help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
     p.add_argument("--overwrite", action="store_true",
-                   help="remove the results of an earlier run in --output_dir first (else a non-empty folder "
-                        "is refused)")
+                   help="remove the results of an earlier run in --output_dir first and run every task (else the "
+                        "same command continues an earlier run there, and other results there are refused)")
     p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log lines shown on stderr (default info; warning keeps only warnings and errors)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+if __name__ == "__main__":  # --help and a bad flag are answered here, before the slow imports below
+    build_parser().parse_args()  # (torch, DeepSpeed, transformers); main() parses the flags again
+
+import numpy as np
+import torch
+from tensorboardX import SummaryWriter
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
+from tools.export_hf import ExportError, find_vocab_file
+from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
+from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
+                         majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
+from turing.hf_convert import is_hf_folder, load_hf_folder
+from turing.jsonfile import json_text, read_json
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
+from turing.outputs import content_sha256
+from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
+from utils import set_seeds
+
+logger = logging.getLogger("finetune_glue")
+
+WARMUP_PROPORTION = 0.1
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+EVAL_BATCH_SIZE = 128
 
 
 def parse_lrs(text):
@@ -161,11 +170,6 @@ def check_args(args):
         raise GlueError(f"--data_dir {args.data_dir}: folder not found")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise GlueError(f"--output_dir {args.output_dir}: exists and is not a folder")
-    present = sorted(os.listdir(args.output_dir)) if os.path.isdir(args.output_dir) else []
-    if present and not args.overwrite:
-        raise GlueError(f"--output_dir {args.output_dir} is not empty ({', '.join(present[:4])}"
-                        f"{', ...' if len(present) > 4 else ''}); choose a new folder, or pass --overwrite to "
-                        "remove the earlier results first")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +226,7 @@ class ModelSource:
     config: object        # BertConfig or ModernConfig: sizes; vocab_size = the vocab file's size rounded up to 8
     vocab_file: str
     do_lower_case: bool
+    weights: str          # where the weights are read: the file, the export, or the checkpoint's tag folder
 
 
 def _json_beside(folder, name):
@@ -242,13 +247,15 @@ def model_source(path, vocab_file=None, config_file=None):
     """Where the sizes, vocab and lower-casing of --model come from (the weights are read later,
     by deepspeed_train.load_pretrained_weights, for each run)."""
     cf_config = read_json(config_file, "job config (--cf)", GlueError) if config_file else None
+    weights = path
     if is_hf_folder(path):
         _, config = load_hf_folder(path)
         tokenizer_config = _json_beside(path, "tokenizer_config.json") or {}
         vocab_file = vocab_file or os.path.join(path, "vocab.txt")
         do_lower_case = tokenizer_config.get("do_lower_case", True)
     else:
-        folder = resolve_checkpoint_tag_dir(path) if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        weights = resolve_checkpoint_tag_dir(path) if os.path.isdir(path) else path
+        folder = weights if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
         job_config, run_args = _json_beside(folder, "job_config.json"), _json_beside(folder, "args.json")
         source = config_file or os.path.join(folder, "job_config.json")
         config = _bert_config(cf_config or job_config, source)
@@ -262,7 +269,7 @@ def model_source(path, vocab_file=None, config_file=None):
     if not vocab:
         raise GlueError(f"vocab file {vocab_file}: empty")
     config.vocab_size = vocab_size_padded(max(vocab.values()) + 1)
-    return ModelSource(path, config, vocab_file, do_lower_case)
+    return ModelSource(path, config, vocab_file, do_lower_case, os.path.abspath(weights))
 
 
 def build_model(source, num_labels, random_init):
@@ -319,8 +326,9 @@ def make_optimizer(model, lr, total_steps):
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
     warmup = max(1, math.ceil(WARMUP_PROPORTION * total_steps))
 
-    def factor(step):  # linear warmup, then linear decay to 0 at the last step
-        return step / warmup if step < warmup else max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+    def factor(step):  # of optimizer step `step` (0-based): linear warmup to the peak, then linear decay
+        # (step + 1): the first step trains at peak / warmup, not at 0 (a one-step run trained at LR 0)
+        return (step + 1) / warmup if step < warmup else (total_steps - step) / max(1, total_steps - warmup)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -360,11 +368,12 @@ def run_seed(args, source, data, seed, lr, device, writer):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                step_lr = scheduler.get_last_lr()[0]  # the LR this step trains at
                 optimizer.step()
                 scheduler.step()
                 step += 1
                 writer.add_scalar("Train/loss", value, step)
-                writer.add_scalar("Train/lr", scheduler.get_last_lr()[0], step)
+                writer.add_scalar("Train/lr", step_lr, step)
                 bar.update()
                 bar.set_postfix(loss=f"{value:.4f}")
     finally:
@@ -451,6 +460,7 @@ def run_task(args, source, data, out_dir, device):
         "train_examples": len(data.train), "dev_examples": len(data.dev[main_dev]),
         "settings": {"epochs": args.epochs, "lr": lr, "batch_size": args.batch_size,
                      "max_seq_length": args.max_seq_length, "bf16": args.bf16, "device": device.type},
+        "run": run_record(args, source, data.task, data.folder),
     }
     return {**entry, "lr_sweep": sweep} if sweep else entry
 
@@ -506,7 +516,26 @@ def sweep_lr(args, source, data, out_dir, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line
+# An earlier run in --output_dir: continued, refused or removed
+
+
+def run_record(args, source, task, folder):
+    """What a task's results were made from (saved in its entry as "run"): the weights, the
+    settings and the sha256 of its data files. A rerun keeps a finished task whose record is this."""
+    files = {name: os.path.join(folder, name) for name in ("train.tsv", *task.dev_files)}
+    return {"model": os.path.abspath(args.model), "weights": source.weights, "random_init": args.random_init,
+            "vocab_file": os.path.abspath(source.vocab_file), "seeds": args.seeds, "epochs": args.epochs,
+            "lr": args.lr, "batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "bf16": args.bf16,
+            "data_sha256": {name: content_sha256(path) if os.path.isfile(path) else None
+                            for name, path in files.items()}}
+
+
+def _differences(old, new):
+    """What differs between an earlier run's record and this one's, in a few words."""
+    if not isinstance(old, dict):
+        return "an older finetune_glue, which kept no record of them"
+    return ", ".join("its data files changed" if key == "data_sha256" else f"{key} {old.get(key)} (now {value})"
+                     for key, value in new.items() if old.get(key) != value)
 
 
 def _is_output(name, path):
@@ -517,12 +546,11 @@ def _is_output(name, path):
     return base == "results.json" or base.endswith("_predictions.tsv")
 
 
-def clear_output_dir(output_dir):
-    """--overwrite, once every input is checked: remove the earlier output in --output_dir
-    (results, predictions and TensorBoard runs, also in the task subfolders of `--task all`);
-    files finetune_glue did not write are left in place, with a warning. (check_args refuses a
-    non-empty folder without --overwrite.)"""
-    if not os.path.isdir(output_dir):
+def remove_outputs(folder, what):
+    """Remove what finetune_glue wrote in `folder` (results, predictions and TensorBoard runs, also
+    in the task subfolders of `--task all`), with a warning starting with `what`; files it did not
+    write are left in place, with a warning."""
+    if not os.path.isdir(folder):
         return
     task_folders = {t.folder.lower() for t in TASKS.values()} | set(TASKS)
     removed, kept = [], []
@@ -540,16 +568,69 @@ def clear_output_dir(output_dir):
             else:
                 kept.append(prefix + name)
 
-    clear(output_dir, "")
+    clear(folder, "")
     if removed:
-        logger.warning("--overwrite: removed the earlier results in %s: %s", output_dir, ", ".join(removed))
+        logger.warning("%s %s: %s", what, folder, ", ".join(removed))
     if kept:
-        logger.warning("%s: left in place, not written by finetune_glue: %s", output_dir, ", ".join(kept))
+        logger.warning("%s: left in place, not written by finetune_glue: %s", folder, ", ".join(kept))
+
+
+def check_output_dir(args, tasks, all_tasks):
+    """A GlueError unless --output_dir is new, empty or holds only what finetune_glue writes for
+    this run (for `all`: the task folders and the summary of an earlier `all` run). --overwrite
+    passes any folder: every earlier result is removed once every input is checked."""
+    out = args.output_dir
+    if args.overwrite or not os.path.isdir(out):
+        return
+    folders = {os.path.basename(o) for _, _, o in tasks} if all_tasks else set()
+    foreign = [name for name in sorted(os.listdir(out)) if name not in folders and not (
+        _is_output(name, os.path.join(out, name)) and (not all_tasks or name.split(".tmp")[0] == "results.json"))]
+    if foreign:
+        raise GlueError(f"--output_dir {out} holds files finetune_glue did not write for this run "
+                        f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); choose a new folder, or "
+                        "pass --overwrite to remove the earlier results first (other files are left)")
+    summary_file = os.path.join(out, "results.json")
+    if all_tasks and os.path.isfile(summary_file):
+        document = read_json(summary_file, "results file", GlueError)
+        if not isinstance(document, dict) or "task" in document or "average" not in document:
+            raise GlueError(f"--output_dir {out} holds {_results_kind(document)} ({summary_file}), not the summary "
+                            "of a --task all run; choose a new folder, or pass --overwrite to remove it first")
+
+
+def _results_kind(document):
+    """What a results.json in --output_dir holds, in a few words, for a refusal."""
+    if isinstance(document, dict) and "task" in document:
+        return f"the results of {document['task']}"
+    if isinstance(document, dict) and "average" in document:
+        return "the results of a --task all run"
+    return "a results.json finetune_glue did not write"
+
+
+def finished_tasks(args, tasks, source):
+    """{task name: results entry} of the tasks an earlier run of this same command finished in
+    --output_dir (the same weights, settings and data: `run_record`), which this run keeps; a
+    GlueError naming the task and what differs for results made otherwise (none with --overwrite)."""
+    kept = {}
+    for task, folder, out in [] if args.overwrite else tasks:
+        path = os.path.join(out, "results.json")
+        if not os.path.isfile(path):
+            continue
+        entry = read_json(path, "results file", GlueError)
+        if not isinstance(entry, dict) or entry.get("task") != task.name:
+            raise GlueError(f"--output_dir {args.output_dir} holds {_results_kind(entry)} ({path}), not those of "
+                            f"{task.name}; choose a new folder, or pass --overwrite to remove them first")
+        record = run_record(args, source, task, folder)
+        if entry.get("run") != record:
+            raise GlueError(f"--output_dir {args.output_dir}: {task.name} was fine-tuned there with other settings "
+                            f"({_differences(entry.get('run'), record)}); run the same command to continue that run, "
+                            "pass --overwrite to remove its results and run every task again, or choose a new folder")
+        kept[task.name] = entry
+    return kept
 
 
 def write_results(path, document):
     """results.json, whole or not at all; strict JSON (a NaN is a bug, never written)."""
-    write_atomic(path, json.dumps(document, indent=2, allow_nan=False) + "\n")
+    write_atomic(path, json_text(document, path, GlueError))
 
 
 def summary(results, pending):
@@ -567,7 +648,9 @@ def finetune(args):
         tasks = [(task, folder, os.path.join(args.output_dir, task.folder)) for task, folder in tasks_in(args.data_dir)]
     else:
         tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
+    check_output_dir(args, tasks, all_tasks)
     source = model_source(args.model, args.vocab_file, args.config_file)
+    kept = finished_tasks(args, tasks, source)
     if args.max_seq_length > source.config.max_position_embeddings:
         raise GlueError(f"--max_seq_length {args.max_seq_length}: the model has only "
                         f"{source.config.max_position_embeddings} positions")
@@ -579,7 +662,8 @@ def finetune(args):
             held_out_split(d.train)  # enough examples to hold some out
     if not args.random_init:
         build_model(source, 2, False)
-    clear_output_dir(args.output_dir)
+    if args.overwrite:
+        remove_outputs(args.output_dir, "--overwrite: removed the earlier results in")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     logger.info("Fine-tuning %s%s on %s (%s): %d seed(s), %d epochs, lr %s, batch %d, max_seq_length %d%s",
                 args.model, " (random init)" if args.random_init else "", ", ".join(t.name for t, _, _ in tasks),
@@ -589,9 +673,15 @@ def finetune(args):
     results = {}
     try:
         for i, (d, out) in enumerate(data):
-            entry = run_task(args, source, d, out, device)
-            # The task's files are complete on disk before the next task starts.
-            write_results(os.path.join(out, "results.json"), entry)
+            if d.task.name in kept:
+                logger.info("%s: finished by an earlier run of this command, kept (%s)", d.task.name,
+                            os.path.join(out, "results.json"))
+                entry = kept[d.task.name]
+            else:
+                remove_outputs(out, f"{d.task.name}: removed what a stopped run left of it in")
+                entry = run_task(args, source, d, out, device)
+                # The task's files are complete on disk before the next task starts.
+                write_results(os.path.join(out, "results.json"), entry)
             results[d.task.name] = entry
             if all_tasks:
                 write_results(os.path.join(args.output_dir, "results.json"),
@@ -617,7 +707,8 @@ def main(argv=None):
         with stop_on_signals():
             results = finetune(args)
     except Stopped as e:
-        print(f"finetune_glue: {stop_line(e, args.output_dir)}", file=sys.stderr)
+        print(f"finetune_glue: {stop_line(e, args.output_dir)}" + ("; the same command continues the run"
+                                                                  if e.unfinished else ""), file=sys.stderr)
         return e.exit_code
     except Diverged as e:
         print(f"error: {stop_line(e, args.output_dir)}", file=sys.stderr)

@@ -5,9 +5,11 @@
 Each argument is NAME=PATH or PATH; PATH is an output folder of tools/finetune_glue.py or its
 results.json. A column without a NAME is named after its folder, with as many parent folders
 as it takes to tell it from the other columns (`A/glue` and `B/glue`, not two `glue`). One row
-per task plus the average; a cell is the median score x100, with [min, max] over the seeds when
-there were several; the last column is the majority-class baseline. A run stopped before all
-its tasks finished is named under the table with the tasks it did not reach.
+per task plus the average over the tasks every column has (where a column lacks some, the row
+says how many it averages and a note names those left out); a cell is the median score x100,
+with [min, max] over the seeds when there were several; the last column is the majority-class
+baseline. A run stopped before all its tasks finished is named under the table with the tasks it
+did not reach.
 """
 import argparse
 import os

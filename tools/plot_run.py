@@ -8,10 +8,10 @@ Panels (a panel with no data in any run is left out), all against the optimizer 
 - learning rate                                        `Train/lr`
 - validation loss                                      `Validation/step/Loss` (else `Validation/Loss`
                                                          against epoch, for runs logged before)
-- validation MLM (and NSP) accuracy                    `Validation/step/MLM_accuracy`, `.../NSP_accuracy`
+- validation MLM (and NSP) accuracy, in %              `Validation/step/MLM_accuracy`, `.../NSP_accuracy`
                                                          (else the per-epoch tags against epoch); with one
                                                          run, training minutes on its top axis
-- validation MLM accuracy against training minutes     several runs only (it compares their speed):
+- validation MLM accuracy (%) against training minutes several runs only (it compares their speed):
                                                          `Validation/step/MLM_accuracy` with `Validation/train_minutes`
 - throughput                                           `Train/samples_per_s`
 Each run is one colour and one legend name (its folder) in every panel; NSP accuracy lines take
@@ -43,14 +43,15 @@ PANELS = [
     ("Learning rate", "learning rate", False, [("optimizer step", [("Train/lr", None, "")])]),
     ("Validation loss", "loss", False, [("optimizer step", [("Validation/step/Loss", None, "")]),
                                         ("epoch", [("Validation/Loss", None, "")])]),
-    ("Validation accuracy", "accuracy", False,
+    ("Validation accuracy", "accuracy (%)", False,
      [("optimizer step", [("Validation/step/MLM_accuracy", None, " MLM"), ("Validation/step/NSP_accuracy", None, " NSP")]),
       ("epoch", [("Validation/MLM_accuracy", None, " MLM"), ("Validation/NSP_accuracy", None, " NSP")])]),
-    (MINUTES_PANEL, "MLM accuracy", False,
+    (MINUTES_PANEL, "MLM accuracy (%)", False,
      [("training minutes", [("Validation/step/MLM_accuracy", "Validation/train_minutes", "")])]),
     ("Throughput", "samples / s", False, [("optimizer step", [("Train/samples_per_s", None, "")])]),
 ]
 INTEGER_AXES = ("optimizer step", "epoch")
+PERCENT_PANELS = ("Validation accuracy", MINUTES_PANEL)  # logged as fractions, drawn x100 (as the text says them)
 
 
 class PlotError(ValueError):
@@ -140,6 +141,8 @@ def plot_runs(run_dirs, output, smooth=0.9):
                 # the first series takes the run's colour, a second one (NSP) colours of its own
                 colour = colours[(k * len(runs) + r) % len(colours)]
                 steps, values = zip(*points)
+                if title in PERCENT_PANELS:
+                    values = [100 * v for v in values]
                 xs += steps
                 name = label + (suffix if k else "")   # the first series carries the run's name alone
                 if smoothed:

@@ -4,15 +4,18 @@
 
 OUT_A / OUT_B: output folders (or results.json files) of tools/eval_mlm.py on the checkpoint and
 with --random_init on the same checkpoint (the same sizes and vocab, fresh weights), scored on the
-same files. Prints validation MLM accuracy and perplexity beside the unigram baseline, then
-minimal-pair accuracy by kind of corruption (UID), each with its 95% interval, and whether the
-checkpoint's interval lies entirely above the random-init one. --output writes the same as JSON:
+same files. Each is checked first, with one error line for what does not fit: the --pretrained
+results scored with --random_init (or the other way round), two models, a score one has and the
+other lacks, different pairs files, text or validation set (by the sha256 eval_mlm records of each,
+and the validation masks' seed), different numbers of pairs or tokens. Prints validation MLM
+accuracy and perplexity beside the unigram baseline, then minimal-pair accuracy by kind of
+corruption (UID), each with its 95% interval, and whether the checkpoint's interval lies entirely
+above the random-init one (the pair counts, checked equal, are both sides'). --output writes the same as JSON:
 {"minimal_pairs": {"pretrained": {"accuracy", "ci95", "pairs", "correct", "by_kind"}, "random_init":
 {...}, "pretrained_above_random_init"}, "validation_mlm": {...}, "text_mlm": {...}, "model", "step"}.
 Scores in the JSON are fractions; the table prints them x100.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,7 +23,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
-from turing.jsonfile import read_json
+from turing.jsonfile import read_json, write_json
 
 COLUMNS = ("pretrained", "random_init")
 
@@ -32,7 +35,61 @@ class TableError(ValueError):
 def load(path):
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
-    return read_json(path, "tools/eval_mlm.py results", TableError)
+    results = read_json(path, "tools/eval_mlm.py results", TableError)
+    if not isinstance(results, dict) or not isinstance(results.get("random_init"), bool):
+        kind = f"a JSON {type(results).__name__}" if not isinstance(results, dict) else "no 'random_init' in it"
+        raise TableError(f"{path}: {kind}, not the results.json of tools/eval_mlm.py")
+    return results
+
+
+# the scores the two results must both have or both lack: key, what it is, the flag that scores it
+SCORED = (("minimal_pairs", "minimal pairs", "--pairs"), ("validation_set", "validation set", "--validation_set"),
+          ("text", "held-out text", "--text"))
+
+
+def _digests(section):
+    """The sha256 of what a section scored, in a form that compares (pairs files: by content, not path)."""
+    digests = section.get("sha256")
+    return sorted(digests.values()) if isinstance(digests, dict) else digests
+
+
+def check_comparable(pretrained, random_init, paths):
+    """A TableError (one line) unless the two results are a checkpoint and its random-init twin
+    scored on the same inputs. `paths`: {"pretrained": ..., "random_init": ...}, for the messages."""
+    if pretrained["random_init"]:
+        raise TableError(f"--pretrained {paths['pretrained']}: scored with --random_init (fresh weights); give the "
+                         "results of the checkpoint's own weights")
+    if not random_init["random_init"]:
+        raise TableError(f"--random_init {paths['random_init']}: scored the model's own weights; give the results "
+                         "of tools/eval_mlm.py --random_init")
+    if pretrained.get("model") != random_init.get("model"):
+        raise TableError(f"the two results are of different models ({pretrained.get('model')} and "
+                         f"{random_init.get('model')}); score one --model twice, once with --random_init")
+    runs = {"pretrained": pretrained, "random_init": random_init}
+    for key, what, flag in SCORED:
+        have = [name for name, r in runs.items() if key in r]
+        if len(have) == 1:
+            raise TableError(f"only the {have[0].replace('_', '-')} results ({paths[have[0]]}) have a {what} score; "
+                             f"score both with the same {flag}")
+        if not have:
+            continue
+        for name, r in runs.items():
+            if not r[key].get("sha256"):
+                raise TableError(f"{paths[name]}: no sha256 of its {what} (results of an older tools/eval_mlm.py): "
+                                 "score it again")
+        if _digests(pretrained[key]) != _digests(random_init[key]):
+            raise TableError(f"the two results scored different {what} files (their sha256 differ); score both with "
+                             f"the same {flag}")
+        for count in ("validation_seed", "masked_tokens", "tokens", "pairs"):
+            if pretrained[key].get(count) != random_init[key].get(count):
+                raise TableError(f"the two results' {what} scores differ in {count} ({pretrained[key].get(count)} "
+                                 f"and {random_init[key].get(count)}); score both with the same {flag} and flags")
+    if "minimal_pairs" in pretrained:
+        kinds = {name: {uid: e.get("pairs") for uid, e in r["minimal_pairs"]["by_uid"].items()}
+                 for name, r in runs.items()}
+        if kinds["pretrained"] != kinds["random_init"]:
+            raise TableError(f"the two results hold different pairs by kind ({kinds['pretrained']} and "
+                             f"{kinds['random_init']}); score both with the same --pairs")
 
 
 def _entry(e):
@@ -40,17 +97,13 @@ def _entry(e):
 
 
 def quality(pretrained, random_init):
-    """The quality.json document of two eval_mlm results."""
+    """The quality.json document of two eval_mlm results that `check_comparable` passed."""
     runs = {"pretrained": pretrained, "random_init": random_init}
     doc = {"model": pretrained["model"], "step": pretrained.get("step")}
     if "minimal_pairs" in pretrained:
-        if "minimal_pairs" not in random_init:
-            raise TableError("the random-init results have no minimal pairs; score the same --pairs files")
         mp = {name: {**_entry(r["minimal_pairs"]), "by_kind": {uid: _entry(e) for uid, e
                                                                 in r["minimal_pairs"]["by_uid"].items()}}
               for name, r in runs.items()}
-        if set(mp["pretrained"]["by_kind"]) != set(mp["random_init"]["by_kind"]):
-            raise TableError("the two results scored different kinds of pairs; score the same --pairs files")
         mp["pretrained_above_random_init"] = mp["pretrained"]["ci95"][0] > mp["random_init"]["ci95"][1]
         doc["minimal_pairs"] = mp
     for key, name in (("validation_set", "validation_mlm"), ("text", "text_mlm")):
@@ -106,14 +159,16 @@ def main(argv=None):
     parser.add_argument("--output", default=None, help="write the table's numbers to this JSON file")
     args = parser.parse_args(argv)
     try:
-        doc = quality(load(args.pretrained), load(args.random_init))
-    except (TableError, KeyError) as e:
-        print(f"error: {e if isinstance(e, TableError) else f'results lack {e}'}", file=sys.stderr)
+        results = {"pretrained": load(args.pretrained), "random_init": load(args.random_init)}
+        check_comparable(results["pretrained"], results["random_init"],
+                         {"pretrained": args.pretrained, "random_init": args.random_init})
+        doc = quality(results["pretrained"], results["random_init"])
+        if args.output:  # strict JSON: a NaN score (results of an older eval_mlm) is an error line, not a file
+            write_json(args.output, doc, TableError)
+    except (TableError, KeyError, OSError) as e:
+        print(f"error: {f'results lack {e}' if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     print(table(doc))
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
     return 0
 
 

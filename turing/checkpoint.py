@@ -18,6 +18,10 @@ in one line naming the file and the object it holds; the readers themselves run 
 `weights_only_loads`, which makes torch.load weights-only even where DeepSpeed asks for the
 full unpickler, so a file changed after the check cannot run code either. The full unpickler
 is used only when the user says they trust the files (--trust_checkpoint).
+
+Weights that hold NaN or Infinity (a run that diverged) are refused by every reader of weights
+(`load_checkpoint_state`, `read_state_dict_file`, and `turing.hf_convert.load_hf_folder`), in one
+line naming the file and the tensor (`check_finite`): no tool scores, exports or trains from them.
 """
 import contextlib
 import logging
@@ -29,10 +33,6 @@ import zipfile
 
 import numpy as np
 import torch
-from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-from deepspeed.runtime.zero.config import ZeroStageEnum
-from deepspeed.utils.tensor_fragment import fragment_address
-from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError, UnsafeCheckpointError
 from turing.internals import numpy_reconstruct
@@ -80,6 +80,19 @@ def sync_folder(folder):
         for name in files:
             _fsync(os.path.join(root, name))
         _fsync(root)
+
+
+def check_finite(state_dict, path):
+    """`state_dict` unchanged, or a ConversionError naming `path` and its first tensor that holds
+    NaN or Infinity: the weights of a run that diverged, which no reader scores, exports or trains
+    from (every reader of weights here calls this)."""
+    for key, value in state_dict.items():
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            nan, inf = int(torch.isnan(value).sum()), int(torch.isinf(value).sum())
+            raise ConversionError(f"{path}: tensor {key} is not finite ({nan} NaN and {inf} infinite of its "
+                                  f"{value.numel()} values): the weights of a run that diverged; use an earlier "
+                                  "checkpoint")
+    return state_dict
 
 
 def step_of(tag):
@@ -237,6 +250,11 @@ def checkpoint_globals():
     weights-only loads: the loss scalers of the optimizer states (fp16, ZeRO), ZeRO's stage enum,
     the bf16 optimizer's fragment addresses, and numpy arrays. Allowing a class lets a file
     build an instance of it, nothing else: their constructors only store values."""
+    # DeepSpeed is imported where a checkpoint is read, not with this module (slow, and it logs)
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
     return numpy_array_globals() + [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
@@ -363,7 +381,7 @@ def load_checkpoint_state(checkpoint_dir, tag=None, trust=False, trust_flag=Fals
                                   "partitioned: gather them first with DeepSpeed's zero_to_fp32.py")
         key = key[len("module."):] if key.startswith("module.") else key
         state[key] = value.float() if value.is_floating_point() else value
-    state = from_transformer_kernel_layout(state)
+    state = from_transformer_kernel_layout(check_finite(state, path))
     job_config = _read_json_if_present(os.path.join(folder, "job_config.json"))
     args = _read_json_if_present(os.path.join(folder, "args.json"))
     logger.info("Read %d tensors from %s", len(state), path)
@@ -374,12 +392,14 @@ def _gathered_zero3_state(folder, trust, trust_flag=False):
     """The weights of a ZeRO stage 3 checkpoint (partitioned over its ranks' files), gathered by
     DeepSpeed's zero_to_fp32, after every file of it was checked to load weights-only and under
     `weights_only_loads` (zero_to_fp32 asks for the full unpickler)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
     check_weights_only(folder, trust, TRUST_FLAG if trust_flag else None)
     parent, tag = os.path.split(os.path.normpath(folder))
     with weights_only_loads(trust):
         gathered = get_fp32_state_dict_from_zero_checkpoint(parent, tag)
     state = {k[len("module."):] if k.startswith("module.") else k: v.float() for k, v in gathered.items()}
-    state = from_transformer_kernel_layout(state)
+    state = from_transformer_kernel_layout(check_finite(state, folder))
     return (state, _read_json_if_present(os.path.join(folder, "job_config.json")),
             _read_json_if_present(os.path.join(folder, "args.json")))
 
@@ -395,4 +415,4 @@ def read_state_dict_file(path):
     state_dict = state_dict.get("module", state_dict) if isinstance(state_dict, dict) else state_dict
     if not isinstance(state_dict, dict):
         raise ConversionError(f"{path}: expected a state dict (name -> tensor), found {type(state_dict).__name__}")
-    return state_dict
+    return check_finite(state_dict, path)

@@ -447,9 +447,9 @@ def load_results(path):
     return load_run(path)[0]
 
 
-def average_score(run):
-    """Mean of the (median) task scores of one run ({task: entry})."""
-    return float(np.mean([entry["score"] for entry in run.values()]))
+def average_score(run, tasks=None):
+    """Mean of the (median) task scores of one run ({task: entry}), over `tasks` (default all of its)."""
+    return float(np.mean([entry["score"] for task, entry in run.items() if tasks is None or task in tasks]))
 
 
 def median_collapsed(entry):
@@ -479,6 +479,8 @@ def results_table(runs):
     runs: {column name: {task name: results entry}}. A cell is the median score x100 and, for
     several seeds, [min, max] over them, and a `*` when the reported run collapsed (a note
     under the table says what that means); the last column is the majority-class baseline.
+    The average is over the tasks every column has: where some column lacks a task, the row
+    says how many tasks it averages and a note under the table names those it leaves out.
     """
     first = {}  # task -> its entry in the first run that has it (metric, baseline)
     for run in runs.values():
@@ -488,12 +490,20 @@ def results_table(runs):
     for task, entry in first.items():
         rows.append([task, entry["metric"], *(_cell(run[task]) if task in run else "-" for run in runs.values()),
                      f"{100 * entry['majority_baseline']:.1f}"])
-    if len(first) > 1:
-        rows.append(["average", "", *(f"{100 * average_score(run):.1f}" for run in runs.values()),
-                     f"{100 * np.mean([e['majority_baseline'] for e in first.values()]):.1f}"])
+    common = [task for task in first if all(task in run for run in runs.values())]
+    notes = []
+    if len(first) > 1 and len(common) < len(first):
+        left_out = ", ".join(f"{task} (only in {', '.join(n for n, run in runs.items() if task in run)})"
+                             for task in first if task not in common)
+        notes.append(f"average: over the {len(common)} of {len(first)} tasks every column has; left out: {left_out}"
+                     if common else f"no average: no task is in every column ({left_out})")
+    if len(first) > 1 and common:
+        label = "average" if len(common) == len(first) else f"average of {len(common)}"
+        rows.append([label, "", *(f"{100 * average_score(run, common):.1f}" for run in runs.values()),
+                     f"{100 * np.mean([first[t]['majority_baseline'] for t in common]):.1f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in rows]
+             for row in rows] + notes
     if any(median_collapsed(entry) for run in runs.values() for entry in run.values()):
         lines.append(COLLAPSE_NOTE)
     return "\n".join(lines)

@@ -39,6 +39,7 @@ import re
 
 import torch
 
+from turing.checkpoint import check_finite
 from turing.errors import CheckpointNotFoundError, ConversionError
 from turing.jsonfile import read_json
 from turing.modeling import LAYER_NORM_EPS, BertConfig, BertConfigError
@@ -464,7 +465,7 @@ def load_hf_folder(folder):
         if not os.path.isfile(path):
             raise ConversionError(f"{path}: not found (named by {os.path.basename(index)})")
         try:
-            hf_state.update(load_file(path))
+            hf_state.update(check_finite(load_file(path), path))
         except SafetensorError as e:  # a truncated, empty or damaged file
             raise ConversionError(f"{path}: not a complete safetensors file ({os.path.getsize(path)} bytes: {e}); "
                                   "export it again") from None

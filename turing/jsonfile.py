@@ -1,6 +1,9 @@
-"""Reading the project's JSON files (job, DeepSpeed, Hugging Face configs) with errors that
-name the file and, for a syntax error, the line and column."""
+"""The project's JSON files: reading them (job, DeepSpeed, Hugging Face configs, results) with errors
+that name the file and, for a syntax error, the line and column; and writing results as strict JSON,
+which holds no NaN or Infinity (Python's json writes them as bare `NaN`, which strict parsers and
+other languages reject)."""
 import json
+import math
 import os
 
 
@@ -15,3 +18,32 @@ def read_json(path, what, error=ValueError, missing_error=None):
             return json.load(f)
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def _non_finite(value, where=""):
+    """(where, value) of the first NaN or Infinity in a JSON-able value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the document", value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key)
+        if found:
+            return found
+    return None
+
+
+def json_text(document, path, error=ValueError, indent=2):
+    """`document` as strict JSON text for the file `path` (a final newline with `indent`). A NaN or
+    Infinity in it raises `error` naming the file and the key, so that no file holds one."""
+    found = _non_finite(document)
+    if found:
+        raise error(f"{path}: not written: {found[0]} is {found[1]}, not a finite number (the scores are not "
+                    "usable)")
+    return json.dumps(document, indent=indent, allow_nan=False) + ("\n" if indent is not None else "")
+
+
+def write_json(path, document, error=ValueError):
+    """`document` in `path` as strict JSON (`json_text`); nothing is written when it is refused."""
+    text = json_text(document, path, error)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
