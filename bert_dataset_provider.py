@@ -24,6 +24,7 @@ Also here: how the providers' helper processes (DataLoader workers, the shard-re
 treat the stop signals, which both providers share.
 """
 import contextlib
+import dataclasses
 import signal
 
 from turing.epoch_plan import EpochPlan, remap_epoch  # noqa: F401 (the providers' names for them)
@@ -59,6 +60,17 @@ def stop_signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSettings:
+    """What a validation set is read with (`validation_dataset`'s `args`), for a caller without a
+    run (tools/eval_mlm.py); the trainer passes its RunConfig, which has the same five."""
+    max_seq_length: int
+    max_predictions_per_seq: int
+    seed: int                   # the Bing format's fixed validation masks
+    vocab_file: str
+    vocab_size: int             # token ids are checked against it
 
 
 class BertDatasetProviderInterface:

@@ -33,21 +33,21 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 from turing.batch import Batch, collate_batch
-from turing.checkpoint import load_checkpoint_state, read_state_dict_file, resume_candidates
+from turing.checkpoint import resume_candidates
 from turing.checkpointer import Checkpointer, JobLock, check_output_shared, resume_source, universal_source, \
     write_engine_checkpoint
 from turing.clock import TrainClock
 from turing.distributed import agreed_min, all_ranks, all_reduce, is_collective_failure, setup_process_group
 from turing.errors import InputError, StopTraining
 from turing.flops import bert_training_flops, peak_tflops
-from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
-from turing.kernel_layout import to_transformer_kernel_layout
 from turing.kernel_probe import check_transformer_kernel
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
 from turing.lr_schedule import lr_factor
 from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of, pretraining_loss,
                              transformer_kernel_settings)
 from turing.models import BertMultiTask
+from turing.optim_groups import NO_DECAY_NAMES, decay_groups  # noqa: F401 (NO_DECAY_NAMES: importable from here too)
+from turing.pretrained import load_into, read_weights
 from turing.reporting import Reporter, write_metrics
 from turing.run_config import RunConfig, RunState, complete_arguments, pld_setting
 from turing.signals import StopSignals
@@ -55,11 +55,6 @@ from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
 
-NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
-                  # the modernbert block's LayerNorms (turing/modern.py: norm, attn_norm, final_norm, ...)
-                  "norm.weight",
-                  # DeepSpeed transformer-kernel names
-                  "attn_nw", "attn_nb", "norm_w", "norm_b", "attn_qkvb", "attn_ob", "inter_b", "output_b")
 ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
 
 # The data formats: name -> provider (a module at the repository root). Training reads the format
@@ -313,10 +308,7 @@ def prepare_optimizer_parameters(args, model):
     if opt_type in ONEBIT_OPTIMIZERS:
         masked = [(n, p) for n, p in named if "position_embeddings.weight" in n]
         named = [(n, p) for n, p in named if "position_embeddings.weight" not in n]
-    decay = [p for n, p in named if not any(nd in n for nd in NO_DECAY_NAMES)]
-    no_decay = [p for n, p in named if any(nd in n for nd in NO_DECAY_NAMES)]
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = decay_groups(named, weight_decay)
     for _, p in masked:
         mask = torch.zeros_like(p)
         mask[:args.max_seq_length] = 1.0
@@ -327,33 +319,17 @@ def prepare_optimizer_parameters(args, model):
 
 
 def load_pretrained_weights(cfg, network):
-    """--use_pretrain: start from `bert_model_file`, which is a state dict with the original's
-    key names (.pt/.bin), a checkpoint folder of ours (its `latest` tag, or a tag folder), or
-    a Hugging Face folder written by tools/export_hf.py. Only the pooler and the NSP head may
-    be missing (an export drops them); they keep their fresh initialisation. Files are read
-    weights-only and never unpickled beyond that."""
+    """--use_pretrain: start from `bert_model_file` (as given, else under --data_path_prefix), which
+    is a state dict with the original's key names (.pt/.bin), a checkpoint folder of ours (its
+    `latest` tag, or a tag folder), or a Hugging Face folder written by tools/export_hf.py: opened
+    as every reader opens a trained model (turing.pretrained: weights-only, finite, shapes checked,
+    only the pooler and the NSP head may be missing)."""
     name = cfg.config.get("bert_model_file") or ""
     path = next((p for p in (name, os.path.join(cfg.data_path_prefix, name)) if name and os.path.exists(p)), None)
     if path is None:
         raise InputError(f"{cfg.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
                          f"a state dict file, a checkpoint folder of this project or a Hugging Face export")
-    if is_hf_folder(path):
-        state_dict, _ = load_hf_folder(path)
-    elif os.path.isdir(path):
-        state_dict, _, _ = load_checkpoint_state(path)
-    else:
-        state_dict = read_state_dict_file(path)
-    if getattr(getattr(network.bert, "encoder", None), "uses_transformer_kernel", False):
-        state_dict = to_transformer_kernel_layout(state_dict)
-    own = network.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
-             if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    if wrong:
-        raise InputError(f"{path}: shapes differ from bert_model_config and the vocab: {', '.join(wrong[:4])}")
-    missing, unexpected = network.load_state_dict(state_dict, strict=False)
-    missing = [k for k in missing if k not in HF_MISSING_KEYS]
-    if missing or unexpected:
-        raise InputError(f"{path}: weights do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    load_into(network, read_weights(path), path)
     logger.info("Started from pretrained weights %s", path)
 
 

@@ -26,3 +26,26 @@ def test_the_library_imports_no_script_above_it():
     assert len(files) > 20
     upward = {f: sorted(imported_modules(os.path.join(folder, f)) & ROOT_MODULES) for f in files}
     assert {f: names for f, names in upward.items() if names} == {}
+
+
+def test_no_tool_imports_the_trainer():
+    folder = os.path.join(REPO, "tools")
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert {f for f in files if "deepspeed_train" in imported_modules(os.path.join(folder, f))} == set()
+
+
+def test_one_way_to_open_a_trained_model():
+    """The trainer's --use_pretrain and the tools read a trained model through turing/pretrained.py:
+    none of them reads an export's or a state dict file's weights itself, or fakes a run config
+    to borrow the trainer's reader. (tools/export_hf.py reads the checkpoint it converts whole,
+    with its job config and arguments.)"""
+    readers = {}
+    for folder in ("tools", "."):
+        for name in sorted(os.listdir(os.path.join(REPO, folder))):
+            path = os.path.join(REPO, folder, name)
+            if name.endswith(".py") and name != "pretrained.py":
+                text = open(path, encoding="utf-8").read()
+                readers[os.path.join(folder, name)] = [call for call in ("load_hf_folder(", "read_state_dict_file(",
+                                                                         "load_pretrained_weights(SimpleNamespace")
+                                                       if call in text and f"def {call}" not in text]
+    assert {f: calls for f, calls in readers.items() if calls} == {}

@@ -4,10 +4,10 @@ on held-out text beside the unigram baseline of the same vocab. No fine-tuning, 
     python -m tools.eval_mlm --model PATH [--pairs FILE.jsonl ...] [--text FILE] [--validation_set DIR] \
         [--random_init] [--seed 0] [--tensorboard_dir RUN] --output_dir OUT
 
---model is read as tools/finetune_glue.py reads it: a checkpoint folder of ours (job folder or tag
-folder), a state dict file with the original's key names (sizes from --cf or a job_config.json
-beside it), or a Hugging Face folder written by tools/export_hf.py. Weights are read weights-only
-(deepspeed_train.load_pretrained_weights), never unpickled. --random_init scores a model of the
+--model is opened as every tool opens a trained model (turing.pretrained): a checkpoint folder of
+ours (job folder or tag folder), a state dict file with the original's key names (sizes from --cf
+or a job_config.json beside it), or a Hugging Face folder written by tools/export_hf.py. Weights
+are read weights-only, never unpickled, and must be finite. --random_init scores a model of the
 same sizes and vocab with fresh weights (seeded by --seed): the baseline that shows what
 pretraining bought.
 
@@ -54,7 +54,6 @@ import os
 import sys
 import time
 from collections import Counter
-from types import SimpleNamespace
 from typing import NamedTuple
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
@@ -103,19 +102,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from bert_dataset_provider import ValidationSettings
 from bing_bert_dataset_provider import BingBertDatasetProvider
-from deepspeed_train import load_pretrained_weights
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-from tools.finetune_glue import model_source
 from turing.batch import Batch, collate_batch
 from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
 from turing.errors import InputError
 from turing.hf_convert import is_hf_folder
 from turing.jsonfile import json_text
-from turing.models import pretraining_model
 from turing.outputs import content_sha256
+from turing.pretrained import load_into, open_trained, read_weights
+from turing.process import set_seeds
 from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
-from utils import set_seeds
 
 logger = logging.getLogger("eval_mlm")
 
@@ -163,11 +161,12 @@ class Scorer:
 
 
 def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
-    """--model's sizes, vocab and tokenizer, with fresh weights drawn with `seed` (the random-init
-    twin); `load_weights` then gives it --model's weights."""
-    source = model_source(model_path, vocab_file, config_file)
+    """--model's sizes, vocab and tokenizer (opened as every reader opens a trained model:
+    turing.pretrained.open_trained), with fresh weights drawn with `seed` (the random-init twin);
+    `load_weights` then gives it --model's weights."""
+    source = open_trained(model_path, vocab_file, config_file)
     set_seeds(seed)
-    model = pretraining_model(source.config)
+    model = source.build(random_init=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
     try:
@@ -179,10 +178,9 @@ def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
 
 
 def load_weights(scorer, model_path):
-    """--model's weights into the scorer's model: the three kinds of --model, every shape checked
-    against the config, read weights-only (never unpickled)."""
-    load_pretrained_weights(SimpleNamespace(config={"bert_model_file": model_path}, data_path_prefix="",
-                                            config_file="--model"), scorer.model)
+    """--model's weights into the scorer's model (turing.pretrained: weights-only, every tensor
+    finite, every shape checked against the config)."""
+    load_into(scorer.model, read_weights(model_path), model_path)
     scorer.model.eval()
 
 
@@ -432,8 +430,7 @@ def open_validation_set(scorer, path, max_seq_length, max_predictions_per_seq, s
     if not os.listdir(path):
         raise EvalError(f"--validation_set {path}: folder is empty; expected NVIDIA .hdf5 files or Bing shard folders")
     provider = next(p for p in VALIDATION_FORMATS if p.holds_validation_set(path))
-    settings = SimpleNamespace(max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
-                               seed=seed, vocab_file=scorer.vocab_file, vocab_size=scorer.vocab_real)
+    settings = ValidationSettings(max_seq_length, max_predictions_per_seq, seed, scorer.vocab_file, scorer.vocab_real)
     return provider.validation_dataset(path, settings)
 
 

@@ -60,14 +60,13 @@ if __name__ == "__main__":  # --help and a bad flag are answered here, before th
 import torch
 
 from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
-from turing.checkpointer import VOCAB_COPY
 from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
                                modern_to_hf, ours_to_hf)
 from turing.jsonfile import read_json
-from turing.modeling import BertConfigError
-from turing.models import model_config_from_dict, pretraining_model
+from turing.models import pretraining_model
 from turing.outputs import earlier_output
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_digest, vocab_size_padded
+from turing.pretrained import find_vocab_file, model_config_of
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_rows, vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -84,53 +83,10 @@ def _read_json(path, what):
     return read_json(path, what, ExportError)
 
 
-def _vocab_candidates(token_file, bases):
-    for base in bases:
-        path = token_file if base is None else os.path.join(base, token_file)
-        yield os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
-
-
-def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
-    """The vocab the checkpoint in `folder` was trained with: its copy beside the checkpoint
-    (vocab.txt, written since the checkpoints record it), else args.json's vocab_file if it
-    exists and, where args.json records its sha256, is that file; else bert_token_file of --cf
-    (or of the saved job config) as given, next to --cf, or under the run's --data_path_prefix."""
-    if folder is not None and os.path.isfile(os.path.join(folder, VOCAB_COPY)):
-        return os.path.join(folder, VOCAB_COPY)
-    tried = []
-    saved = (run_args or {}).get("vocab_file")
-    digest = (run_args or {}).get("vocab_sha256")
-    if saved:
-        if os.path.isfile(saved) and digest and vocab_digest(saved) != digest:
-            raise ExportError(f"vocab file {saved} has changed since the checkpoint was trained with it (its sha256 "
-                              f"differs from args.json's vocab_sha256); pass --cf with a bert_token_file that is the "
-                              f"training vocab")
-        if os.path.isfile(saved):
-            return saved
-        tried.append(saved)
-    prefix = (run_args or {}).get("data_path_prefix") or None
-    for config, base in ((cf_config, os.path.dirname(os.path.abspath(cf_path)) if cf_path else None),
-                         (job_config, None)):
-        token_file = (config or {}).get("bert_token_file")
-        if not token_file:
-            continue
-        for path in _vocab_candidates(token_file, [None, base, prefix]):
-            if os.path.isfile(path):
-                return path
-            tried.append(path)
-    raise ExportError("vocab file not found: tried " + (", ".join(dict.fromkeys(tried)) or "nothing")
-                      + "; pass --cf with a bert_token_file that exists (a vocab.txt or a folder holding one)")
-
-
 def model_config(job_config, state_dict, source):
     """Our model config (a BertConfig, or a ModernConfig for the modernbert architecture):
     bert_model_config of the job config, sized by the saved tensors."""
-    if not job_config or "bert_model_config" not in job_config:
-        raise ExportError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
-    try:
-        config = model_config_from_dict(job_config["bert_model_config"])
-    except BertConfigError as e:
-        raise ExportError(f"{source}: {e}") from None
+    config = model_config_of(job_config, source)
     word = state_dict.get(EMBEDDING_KEYS[config.architecture])
     pos = state_dict.get("bert.embeddings.position_embeddings.weight")
     if word is None or (pos is None and config.architecture == "bert"):
@@ -348,8 +304,8 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
 
     vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, tag_dir)
     vocab = load_vocab(vocab_file)
-    vocab_real = max(vocab.values()) + 1 if vocab else 0
-    if vocab_real == 0 or vocab_size_padded(vocab_real) != config.vocab_size:
+    vocab_real = vocab_size(vocab)
+    if vocab_real == 0 or vocab_rows(vocab, vocab_file) != config.vocab_size:
         raise ExportError(f"vocab file {vocab_file} has {vocab_real} tokens, but the checkpoint's embedding has "
                           f"{config.vocab_size} rows (the vocab size rounded up to a multiple of 8): "
                           "not the vocab it was trained with")

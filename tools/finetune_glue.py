@@ -71,7 +71,6 @@ import signal
 import sys
 import threading
 import time
-from types import SimpleNamespace
 from typing import NamedTuple
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
@@ -120,18 +119,16 @@ from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from deepspeed_train import NO_DECAY_NAMES, InputError, load_pretrained_weights
-from tools.export_hf import ExportError, find_vocab_file
-from turing.checkpoint import resolve_checkpoint_tag_dir, write_atomic
+from turing.checkpoint import write_atomic
+from turing.errors import InputError
 from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
                          majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
-from turing.hf_convert import is_hf_folder, load_hf_folder
 from turing.jsonfile import json_text, read_json
-from turing.modeling import BertConfigError
-from turing.models import model_config_from_dict, pretraining_model
+from turing.optim_groups import decay_groups
 from turing.outputs import content_sha256
-from turing.tokenization import BertTokenizer, load_vocab, vocab_size_padded
-from utils import set_seeds
+from turing.pretrained import open_trained
+from turing.process import set_seeds
+from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger("finetune_glue")
 
@@ -220,70 +217,17 @@ class stop_on_signals:
 # The model source
 
 
-@dataclasses.dataclass
-class ModelSource:
-    path: str
-    config: object        # BertConfig or ModernConfig: sizes; vocab_size = the vocab file's size rounded up to 8
-    vocab_file: str
-    do_lower_case: bool
-    weights: str          # where the weights are read: the file, the export, or the checkpoint's tag folder
-
-
-def _json_beside(folder, name):
-    path = os.path.join(folder, name)
-    return read_json(path, name, GlueError) if os.path.isfile(path) else None
-
-
-def _bert_config(job_config, source):
-    if not job_config or "bert_model_config" not in job_config:
-        raise GlueError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
-    try:
-        return model_config_from_dict(job_config["bert_model_config"])
-    except BertConfigError as e:
-        raise GlueError(f"{source}: {e}") from None
-
-
 def model_source(path, vocab_file=None, config_file=None):
-    """Where the sizes, vocab and lower-casing of --model come from (the weights are read later,
-    by deepspeed_train.load_pretrained_weights, for each run)."""
-    cf_config = read_json(config_file, "job config (--cf)", GlueError) if config_file else None
-    weights = path
-    if is_hf_folder(path):
-        _, config = load_hf_folder(path)
-        tokenizer_config = _json_beside(path, "tokenizer_config.json") or {}
-        vocab_file = vocab_file or os.path.join(path, "vocab.txt")
-        do_lower_case = tokenizer_config.get("do_lower_case", True)
-    else:
-        weights = resolve_checkpoint_tag_dir(path) if os.path.isdir(path) else path
-        folder = weights if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-        job_config, run_args = _json_beside(folder, "job_config.json"), _json_beside(folder, "args.json")
-        source = config_file or os.path.join(folder, "job_config.json")
-        config = _bert_config(cf_config or job_config, source)
-        if vocab_file is None:
-            try:
-                vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, folder)
-            except ExportError as e:
-                raise GlueError(f"{path}: {e}, or --vocab_file") from None
-        do_lower_case = bool((run_args or {}).get("do_lower_case", True))
-    vocab = load_vocab(vocab_file)
-    if not vocab:
-        raise GlueError(f"vocab file {vocab_file}: empty")
-    config.vocab_size = vocab_size_padded(max(vocab.values()) + 1)
-    return ModelSource(path, config, vocab_file, do_lower_case, os.path.abspath(weights))
+    """--model as every reader opens a trained model (turing.pretrained.open_trained): its sizes,
+    vocab and lower-casing; the weights are read for each run (build_model)."""
+    return open_trained(path, vocab_file, config_file)
 
 
 def build_model(source, num_labels, random_init):
     """The classifier, initialised from the current torch RNG state, then (unless random_init)
     loaded with --model's weights. The encoder is built through the pretraining model, so a
     random-init baseline starts exactly where pretraining started."""
-    pretraining = pretraining_model(source.config)
-    if not random_init:
-        # load_pretrained_weights reads the three kinds of --model, checks every shape against
-        # the config and allows only the pooler and NSP head to be absent (a Hugging Face export).
-        load_args = SimpleNamespace(config={"bert_model_file": source.path}, data_path_prefix="",
-                                    config_file="--model")
-        load_pretrained_weights(load_args, pretraining)
-    return sequence_classifier(pretraining, source.config, num_labels)
+    return sequence_classifier(source.build(random_init), source.config, num_labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,10 +263,7 @@ def _loader(items, batch_size, pad_id, regression, shuffle=False, seed=0):
 
 
 def make_optimizer(model, lr, total_steps):
-    named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not any(nd in n for nd in NO_DECAY_NAMES)],
-               "weight_decay": WEIGHT_DECAY},
-              {"params": [p for n, p in named if any(nd in n for nd in NO_DECAY_NAMES)], "weight_decay": 0.0}]
+    groups = decay_groups(model.named_parameters(), WEIGHT_DECAY)
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
     warmup = max(1, math.ceil(WARMUP_PROPORTION * total_steps))
 

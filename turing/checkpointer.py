@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, check_weights_only, complete_tags, engine_tags,
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, VOCAB_COPY, check_weights_only, complete_tags, engine_tags,
                                holds_checkpoints, prune_interval_checkpoints, resume_candidates, sync_folder,
                                weights_only_loads, write_atomic)
 from turing.distributed import all_ranks, all_reduce, barrier
@@ -40,7 +40,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIVERSAL_FOLDER = "universal"  # OUT/saved_models/JOB/universal/TAG: a ZeRO checkpoint converted for another rank count
 ZERO_OPTIM_FILE = re.compile(r"(bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt")
 SHARED_PROBE = ".shared_probe"  # OUT/saved_models/JOB/.shared_probe.HOST.PID, during the check
-VOCAB_COPY = "vocab.txt"        # the vocab the checkpoint was trained with, beside its files
 
 
 class CheckpointNotWritten(StopTraining):

@@ -19,7 +19,7 @@ from turing.checkpoint import read_state_dict_file
 from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.modern import ModernConfig, ModernForPreTraining
-from turing.tokenization import load_vocab, vocab_size, vocab_size_padded
+from turing.tokenization import load_vocab, vocab_rows, vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +57,9 @@ class BertMultiTask:
         self.config = model_config_from_dict(job_config["bert_model_config"])
         vocab = load_vocab(args.vocab_file)
         # One row per vocab line (repeated lines included), padded to 8 for tensor-core friendly shapes.
-        file_vocab_size = vocab_size(vocab)
-        if file_vocab_size == 0:
-            raise BertConfigError(f"vocab file {args.vocab_file}: empty, expected one token per line")
-        self.config.vocab_size = vocab_size_padded(file_vocab_size)
+        self.config.vocab_size = vocab_rows(vocab, args.vocab_file)
         logger.info("Model vocab size %d (vocab file %s has %d tokens)",
-                    self.config.vocab_size, args.vocab_file, file_vocab_size)
+                    self.config.vocab_size, args.vocab_file, vocab_size(vocab))
         self.network = pretraining_model(self.config, args)
         self.device = torch.device("cpu")
 

@@ -18,7 +18,7 @@ from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULE
 from turing.modeling import BertConfigError, ModelOptions
 from turing.models import model_config_from_dict
 from turing.process import Ranks
-from turing.tokenization import load_vocab, vocab_digest, vocab_size, vocab_size_padded
+from turing.tokenization import load_vocab, vocab_digest, vocab_rows, vocab_size
 
 logger = logging.getLogger("bing_bert")
 
@@ -140,7 +140,7 @@ def complete_arguments(args):
     args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
                                          args.data_path_prefix, args.config_file)
     vocab = load_vocab(args.vocab_file)
-    args.vocab_size = vocab_size_padded(vocab_size(vocab))  # the model's rows, repeated lines included
+    args.vocab_size = vocab_rows(vocab, args.vocab_file)  # the model's rows, repeated lines included
     if len(vocab) < vocab_size(vocab):
         logger.warning("%s: %d repeated line(s); a repeated token keeps the id of its last line, and "
                        "every line keeps its row in the model", args.vocab_file, vocab_size(vocab) - len(vocab))

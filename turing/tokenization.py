@@ -177,6 +177,15 @@ def vocab_size_padded(vocab_size, multiple=8):
     return -(-vocab_size // multiple) * multiple
 
 
+def vocab_rows(vocab, vocab_file="vocab file"):
+    """The model's embedding rows for `vocab` (load_vocab's): its size (vocab_size) rounded up to a
+    multiple of 8; the one rule the trainer, the tools and the export read. An empty vocab is an
+    error naming `vocab_file`."""
+    if not vocab:
+        raise InputValueError(f"vocab file {vocab_file}: empty, expected one WordPiece token per line")
+    return vocab_size_padded(vocab_size(vocab))
+
+
 def special_token_ids(vocab):
     """{"pad", "unk", "cls", "sep", "mask"} -> id of [PAD], [UNK], [CLS], [SEP], [MASK]."""
     missing = [tok for tok in SPECIAL_TOKENS.values() if tok not in vocab]

@@ -1,0 +1,189 @@
+"""Opening a trained model, the one way every reader does it (--use_pretrain, tools/eval_mlm.py,
+tools/finetune_glue.py, tools/export_hf.py).
+
+A trained model is one of:
+- a checkpoint of ours: a job folder (OUT/saved_models/JOB: its `latest` tag) or one tag folder,
+  with job_config.json and args.json beside the weights;
+- a state dict file with the original's key names (.pt/.bin);
+- a Hugging Face folder written by tools/export_hf.py (RobertaPreLayerNorm or ModernBert).
+
+`open_trained(path, vocab_file, config_file)` says what it is: a TrainedModel with its kind, its
+config (sizes and architecture, vocab_size the rows its vocab gives: `vocab_rows`), its vocab file
+and lower-casing. `TrainedModel.build()` is the model with those weights (or, random_init, its
+twin with fresh ones); `read_weights` and `load_into` are the two halves of that for a model built
+elsewhere (the trainer's engine). Every file is read weights-only and every tensor must be finite
+(turing.checkpoint); only the pooler and the next-sentence head may be absent (an export drops
+them) and keep their fresh initialisation.
+"""
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+from turing.checkpoint import (VOCAB_COPY, load_checkpoint_state, read_state_dict_file,
+                               resolve_checkpoint_tag_dir)
+from turing.errors import InputValueError
+from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
+from turing.jsonfile import read_json
+from turing.kernel_layout import to_transformer_kernel_layout
+from turing.modeling import BertConfigError
+from turing.models import model_config_from_dict, pretraining_model
+from turing.tokenization import load_vocab, vocab_digest, vocab_rows
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT, STATE_DICT, EXPORT = "checkpoint", "state_dict", "export"
+
+
+class ModelSourceError(InputValueError):
+    """A trained model that cannot be opened; the message names the path, file or key."""
+
+
+@dataclasses.dataclass
+class TrainedModel:
+    path: str                 # as given
+    kind: str                 # CHECKPOINT, STATE_DICT or EXPORT
+    weights: str              # what the weights are read from: the file, the tag folder or the export folder
+    config: object            # BertConfig or ModernConfig; vocab_size = vocab_rows of the vocab file
+    vocab_file: str
+    do_lower_case: bool
+    job_config: Optional[dict] = None   # a checkpoint's job_config.json (or --cf's)
+    run_args: Optional[dict] = None     # a checkpoint's args.json
+
+    @property
+    def architecture(self):
+        return self.config.architecture
+
+    def build(self, random_init=False):
+        """The pretraining model of this config, initialised from the current torch RNG state,
+        then (unless `random_init`) given these weights."""
+        model = pretraining_model(self.config)
+        if not random_init:
+            load_into(model, read_weights(self.weights), self.path)
+        return model
+
+
+def _json_beside(folder, name):
+    path = os.path.join(folder, name)
+    return read_json(path, name, ModelSourceError) if os.path.isfile(path) else None
+
+
+def model_config_of(job_config, source):
+    """The model config (BertConfig or ModernConfig) of a job config's bert_model_config."""
+    if not job_config or "bert_model_config" not in job_config:
+        raise ModelSourceError(f"{source}: no bert_model_config (the model sizes); pass --cf with the job config")
+    try:
+        return model_config_from_dict(job_config["bert_model_config"])
+    except BertConfigError as e:
+        raise ModelSourceError(f"{source}: {e}") from None
+
+
+def _vocab_candidates(token_file, bases):
+    for base in bases:
+        path = token_file if base is None else os.path.join(base, token_file)
+        yield os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
+
+
+def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
+    """The vocab the checkpoint in `folder` was trained with: its copy beside the checkpoint
+    (vocab.txt, written since the checkpoints record it), else args.json's vocab_file if it
+    exists and, where args.json records its sha256, is that file; else bert_token_file of --cf
+    (or of the saved job config) as given, next to --cf, or under the run's --data_path_prefix."""
+    if folder is not None and os.path.isfile(os.path.join(folder, VOCAB_COPY)):
+        return os.path.join(folder, VOCAB_COPY)
+    tried = []
+    saved = (run_args or {}).get("vocab_file")
+    digest = (run_args or {}).get("vocab_sha256")
+    if saved:
+        if os.path.isfile(saved) and digest and vocab_digest(saved) != digest:
+            raise ModelSourceError(f"vocab file {saved} has changed since the checkpoint was trained with it (its "
+                                   f"sha256 differs from args.json's vocab_sha256); pass --cf with a bert_token_file "
+                                   f"that is the training vocab")
+        if os.path.isfile(saved):
+            return saved
+        tried.append(saved)
+    prefix = (run_args or {}).get("data_path_prefix") or None
+    for config, base in ((cf_config, os.path.dirname(os.path.abspath(cf_path)) if cf_path else None),
+                         (job_config, None)):
+        token_file = (config or {}).get("bert_token_file")
+        if not token_file:
+            continue
+        for path in _vocab_candidates(token_file, [None, base, prefix]):
+            if os.path.isfile(path):
+                return path
+            tried.append(path)
+    raise ModelSourceError("vocab file not found: tried " + (", ".join(dict.fromkeys(tried)) or "nothing")
+                           + "; pass --cf with a bert_token_file that exists (a vocab.txt or a folder holding one)")
+
+
+def kind_of(path):
+    """CHECKPOINT, STATE_DICT or EXPORT; a path that is none of them is one error line."""
+    if is_hf_folder(path):
+        return EXPORT
+    if os.path.isdir(path):
+        return CHECKPOINT
+    if os.path.isfile(path):
+        return STATE_DICT
+    raise ModelSourceError(f"{path}: not found; expected a checkpoint folder of this project, a state dict file "
+                           f"(.pt/.bin) or a Hugging Face export")
+
+
+def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
+    """What the trained model at `path` is (TrainedModel): its sizes and architecture, vocab and
+    lower-casing, from the model itself (an export's config.json and tokenizer files, a
+    checkpoint's job_config.json and args.json); `config_file` (a job config, --cf) for what a
+    state dict file or an older checkpoint does not carry; `vocab_file` to name the vocab. `tag`:
+    the checkpoint tag of a job folder (default its `latest`). The weights are read by build()."""
+    path = os.fspath(path)
+    kind = kind_of(path)
+    cf_config = read_json(config_file, "job config (--cf)", ModelSourceError) if config_file else None
+    job_config = run_args = None
+    if kind == EXPORT:
+        _, config = load_hf_folder(path)
+        weights = path
+        vocab_file = vocab_file or os.path.join(path, "vocab.txt")
+        do_lower_case = (_json_beside(path, "tokenizer_config.json") or {}).get("do_lower_case", True)
+    else:
+        weights = resolve_checkpoint_tag_dir(path, tag) if kind == CHECKPOINT else path
+        folder = weights if kind == CHECKPOINT else os.path.dirname(os.path.abspath(path))
+        job_config, run_args = _json_beside(folder, "job_config.json"), _json_beside(folder, "args.json")
+        config = model_config_of(cf_config or job_config, config_file or os.path.join(folder, "job_config.json"))
+        if vocab_file is None:
+            try:
+                vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, folder)
+            except ModelSourceError as e:
+                raise ModelSourceError(f"{path}: {e}, or --vocab_file") from None
+        do_lower_case = bool((run_args or {}).get("do_lower_case", True))
+    config.vocab_size = vocab_rows(load_vocab(vocab_file), vocab_file)
+    return TrainedModel(path, kind, os.path.abspath(weights), config, vocab_file, do_lower_case,
+                        cf_config or job_config, run_args)
+
+
+def read_weights(path, trust=False):
+    """The state dict (our key names) of a trained model of any kind, read weights-only (`trust`:
+    with the full unpickler), every tensor finite."""
+    kind = kind_of(path)
+    if kind == EXPORT:
+        return load_hf_folder(path)[0]
+    if kind == CHECKPOINT:
+        return load_checkpoint_state(path, trust=trust)[0]
+    return read_state_dict_file(path)
+
+
+def load_into(network, state_dict, where):
+    """`state_dict` into a built pretraining model (`where` names it in errors): every shape as the
+    model's, every key of the model present but the pooler and the next-sentence head (an export
+    drops them: they keep their fresh initialisation), none it lacks. Converted to the layout of
+    DeepSpeed's transformer kernel when the model uses it."""
+    if getattr(getattr(network.bert, "encoder", None), "uses_transformer_kernel", False):
+        state_dict = to_transformer_kernel_layout(state_dict)
+    own = network.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (model {tuple(own[k].shape)})" for k, v in state_dict.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise ModelSourceError(f"{where}: shapes differ from bert_model_config and the vocab: {', '.join(wrong[:4])}")
+    missing, unexpected = network.load_state_dict(state_dict, strict=False)
+    missing = [k for k in missing if k not in HF_MISSING_KEYS]
+    if missing or unexpected:
+        raise ModelSourceError(f"{where}: weights do not fit the model: missing {missing[:4]}, "
+                               f"unexpected {unexpected[:4]}")
