@@ -24,11 +24,12 @@ from torch.utils.data import DataLoader, Dataset
 from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, ignore_stop_signals, remap_epoch,
                                    stop_signals_held)
 from data_worker import AsyncWorker, DataExhaustedError
-from turing.dataset import (MASK_SPLIT, MASKED_SHARE, BingPretrainDataset, BingShard, VocabIndex,
+from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex,
                             epoch_sample_order, open_validation_dataset, tokenize_shard)
 from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import BING_SHARD_FILES, holds_bing_validation
+from turing.job_config import job_config_of
 from turing.tokenization import load_vocab
 from turing.process import get_rank_and_world
 
@@ -104,19 +105,16 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self.seed = args.seed
         self.max_seq_length = args.max_seq_length
         self.max_predictions_per_seq = args.max_predictions_per_seq
-        training = args.config["training"]
-        self.num_workers = int(training.get("num_workers", 0))
+        job = job_config_of(args)
+        self.num_workers = job.training.num_workers
         # "async_worker": true turns the worker on; false (or no key) leaves it off
-        self.use_async_worker = training.get("async_worker", False)
-        if not isinstance(self.use_async_worker, bool):
-            raise InputValueError(f"job config mixed_seq_training.{self.max_seq_length}.async_worker: expected "
-                                  f"true or false, got {self.use_async_worker!r}")
+        self.use_async_worker = job.training.async_worker
         # Dynamic masking of the training batches (validation keeps the original's 15%, 80/10/10).
-        self.masked_lm_prob = training.get("masked_lm_prob", MASKED_SHARE)
-        self.mask_split = training.get("mask_split", MASK_SPLIT)
+        self.masked_lm_prob = job.training.masked_lm_prob
+        self.mask_split = list(job.training.mask_split)
         self.rank, self.world = get_rank_and_world()
 
-        datasets = args.config["data"]["datasets"]
+        datasets = job.datasets
         prefix = args.data_path_prefix or ""
         self.dataset_folders = {}
         for dataset_type, key in DATASET_CONFIG_KEYS.items():

@@ -42,6 +42,7 @@ from turing.errors import InputError, StopTraining
 from turing.flops import bert_training_flops, peak_tflops
 from turing.kernel_probe import check_transformer_kernel
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
+from turing.job_config import JobConfig, job_config_of
 from turing.lr_schedule import lr_factor
 from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of, pretraining_loss,
                              transformer_kernel_settings)
@@ -140,7 +141,7 @@ def train_job(args):
             provider.close()
     state = session.state
     logger.info("Done: global step %d, %d samples, %d of %d epochs finished", state.global_step,
-                state.global_data_samples, state.epoch, cfg.config["training"]["num_epochs"])
+                state.global_data_samples, state.epoch, cfg.job.training.num_epochs)
     return state
 
 
@@ -161,20 +162,20 @@ def open_output_folder(cfg):
     except OSError as e:
         raise InputError(f"--output_dir {cfg.output_dir}: cannot create {cfg.saved_model_path} ({e.strerror}); "
                          f"give a folder this user can write to") from None
-    training = cfg.config["training"]
+    training = cfg.job.training
     logger.info("Run %s: seq %d, global batch %d (%d rank(s) x micro batch %d x accumulation %d), %d epoch(s), LR %g "
                 "(--lr_schedule %s), into %s (all arguments and the job config: --log_level debug, and args.json, "
                 "job_config.json beside each checkpoint)", cfg.job_name, cfg.max_seq_length,
                 cfg.ranks.world * cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps, cfg.ranks.world,
-                cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps, training["num_epochs"],
-                training["learning_rate"], cfg.lr_schedule, cfg.saved_model_path)
+                cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps, training.num_epochs,
+                training.learning_rate, cfg.lr_schedule, cfg.saved_model_path)
     logger.debug("Arguments: %s", json.dumps(cfg.arguments, default=str))
     logger.debug("Job config: %s", json.dumps(cfg.config))
 
 
 def build_provider(cfg):
     """The training data provider of the run's data format (see DATA_FORMATS)."""
-    name = cfg.config["data"].get("format") or ("nvidia" if cfg.use_nvidia_dataset else "bing")
+    name = cfg.job.data_format or ("nvidia" if cfg.use_nvidia_dataset else "bing")
     if name not in DATA_FORMATS:
         raise InputError(f"{cfg.config_file}: data.format '{name}' is not a known data format; "
                          f"expected one of {', '.join(DATA_FORMATS)}")
@@ -211,11 +212,11 @@ def open_validation_set(cfg):
 
 
 def _validation_path(cfg):
-    validation = cfg.config.get("validation")
-    if not isinstance(validation, dict) or "path" not in validation:
+    path = job_config_of(cfg).validation_path
+    if path is None:
         raise InputError(f"{cfg.config_file}: missing key 'validation.path' (needed with "
                          f"--validation_data_path_prefix)")
-    return validation["path"]
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def probe_transformer_kernel(cfg):
     each node), before any rank builds the model; a crash there refuses the flag on every rank."""
     refusal = None
     if cfg.ranks.is_node_main:
-        config = BertConfig.from_dict(cfg.config["bert_model_config"])
+        config = BertConfig.from_dict(cfg.job.bert_model_config)
         try:
             check_transformer_kernel(transformer_kernel_settings(config, cfg.model))
         except InputError as e:
@@ -301,7 +302,7 @@ def prepare_optimizer_parameters(args, model):
     rely on: the weight-decay group, the no-decay group (biases and LayerNorms), each in the
     model's parameter order without the pooler; for the 1-bit optimizers, after those, one group
     per position-embedding table with its momentum mask."""
-    weight_decay = args.config["training"].get("weight_decay", 0.01)
+    weight_decay = job_config_of(args).training.weight_decay
     named = [(n, p) for n, p in model.network.named_parameters() if "pooler" not in n]
     opt_type = args.ds_config.get("optimizer", {}).get("type", "").lower()
     masked = []
@@ -324,7 +325,7 @@ def load_pretrained_weights(cfg, network):
     `latest` tag, or a tag folder), or a Hugging Face folder written by tools/export_hf.py: opened
     as every reader opens a trained model (turing.pretrained: weights-only, finite, shapes checked,
     only the pooler and the NSP head may be missing)."""
-    name = cfg.config.get("bert_model_file") or ""
+    name = cfg.job.bert_model_file
     path = next((p for p in (name, os.path.join(cfg.data_path_prefix, name)) if name and os.path.exists(p)), None)
     if path is None:
         raise InputError(f"{cfg.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
@@ -366,6 +367,7 @@ class Session:
     validator: "Validator"
     signals: StopSignals
     fp16_skipped: int = 0   # the engine's count of overflow-skipped fp16 steps, last seen
+    said_lr_ended: bool = False  # warn_when_the_schedule_has_ended said it
 
     @property
     def engine(self):
@@ -415,7 +417,7 @@ def train_epochs(session, start_epoch, provider):
     the position in the epoch. Validation follows every epoch and a run's end by --max_steps or
     --max_train_hours, once; a signal or non-finite stop ends the run without it."""
     cfg, state = session.config, session.state
-    num_epochs = cfg.config["training"]["num_epochs"]
+    num_epochs = cfg.job.training.num_epochs
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the run has finished its %d epochs (global step %d); give a new --job_name "
                        "or --output_dir to train again", num_epochs, state.global_step)
@@ -517,6 +519,7 @@ def optimizer_step(session, micro_batches, steps_left=lambda: None):
         state.nonfinite_in_a_row = 0
         lr = update_learning_rate(cfg, cfg.config, state.global_step, session.optimizer, state.rewarmup_offset,
                                   budget_fraction(session))
+        warn_when_the_schedule_has_ended(session, lr)
         engine.step()
         state.global_step += 1
         if cfg.ranks.is_main:
@@ -559,7 +562,7 @@ def micro_batches_to_run(session, epoch, available, start):
 def run_steps_left(cfg, state, epoch, epoch_micro_end):
     """A function giving about how many optimizer steps the run has left (for the progress lines'
     estimate): this epoch's, the later epochs' at this epoch's length, within --max_steps."""
-    accum, num_epochs = cfg.gradient_accumulation_steps, cfg.config["training"]["num_epochs"]
+    accum, num_epochs = cfg.gradient_accumulation_steps, cfg.job.training.num_epochs
 
     def steps_left():
         left = (epoch_micro_end - state.epoch_micro_step) // accum + (num_epochs - epoch - 1) * (epoch_micro_end // accum)
@@ -655,26 +658,34 @@ def budget_fraction(session):
     return all_reduce(spent, torch.distributed.ReduceOp.MAX).item() / (cfg.max_train_hours * 3600)
 
 
+def learning_rate(cfg, training, step, budget_fraction=None):
+    """The LR of optimizer step `step` (counted from the warmup start): the training section's
+    learning_rate x the --lr_schedule factor (turing.lr_schedule), plus --lr_offset."""
+    return training.learning_rate * lr_factor(cfg.lr_schedule, step, training, budget_fraction) + cfg.lr_offset
+
+
 def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
     """The original's call: set the LR of every param group for this optimizer step (all
-    precisions) by --lr_schedule (turing.lr_schedule) and --lr_offset; returns it."""
-    step = current_global_step - rewarmup_offset
-    lr = config["training"]["learning_rate"] * lr_factor(args.lr_schedule, step, config["training"],
-                                                         budget_fraction)
-    lr += args.lr_offset
+    precisions) by --lr_schedule and --lr_offset (learning_rate) from the job config `config`;
+    returns it."""
+    training = (job_config_of(args) if config is getattr(args, "config", None)
+                else JobConfig.from_resolved(config)).training
+    lr = learning_rate(args, training, current_global_step - rewarmup_offset, budget_fraction)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = config["training"]["total_training_steps"]
-    if lr == 0.0 and step >= total and (args.lr_schedule, total) not in _ZERO_LR_WARNED:
-        _ZERO_LR_WARNED.add((args.lr_schedule, total))
-        logger.warning("step %d: the learning rate is 0 from here on (--lr_schedule %s ends at the job config's "
-                       "total_training_steps, %d): the steps after it do not train; set total_training_steps to the "
-                       "run's step count, or end the run there with --max_steps", current_global_step,
-                       args.lr_schedule, total)
     return lr
 
 
-_ZERO_LR_WARNED = set()  # (schedule, total_training_steps) said once per process
+def warn_when_the_schedule_has_ended(session, lr):
+    """Once per session: a schedule that ends at 0 (WSD, EP) has reached total_training_steps, and
+    the steps after it do not train."""
+    cfg, state, total = session.config, session.state, session.config.job.training.total_training_steps
+    if lr == 0.0 and state.global_step - state.rewarmup_offset >= total and not session.said_lr_ended:
+        session.said_lr_ended = True
+        logger.warning("step %d: the learning rate is 0 from here on (--lr_schedule %s ends at the job config's "
+                       "total_training_steps, %d): the steps after it do not train; set total_training_steps to the "
+                       "run's step count, or end the run there with --max_steps", state.global_step,
+                       cfg.lr_schedule, total)
 
 
 # ---------------------------------------------------------------------------------------------

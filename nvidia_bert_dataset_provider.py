@@ -20,6 +20,7 @@ from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, igno
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import HDF5_KEYS, HDF5_SUFFIXES, check_hdf5_shard, holds_nvidia_validation, read_hdf5_shard
+from turing.job_config import job_config_of
 from turing.process import get_rank_and_world, set_seeds
 
 logger = logging.getLogger(__name__)
@@ -117,15 +118,16 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.seed = args.seed
         self.micro_batch = args.train_micro_batch_size_per_gpu
         self.grad_accum = getattr(args, "gradient_accumulation_steps", 1)
-        self.num_workers = int(args.config["training"].get("num_workers", 0))
+        job = job_config_of(args)
+        self.num_workers = job.training.num_workers
         self.vocab_size = getattr(args, "vocab_size", None)
         self.max_seq_length = getattr(args, "max_seq_length", None)
-        folder = os.path.join(args.data_path_prefix, args.config["data"]["datasets"]["pretrain_dataset"])
+        folder = os.path.join(args.data_path_prefix, job.datasets["pretrain_dataset"])
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
         random.Random(args.seed).shuffle(self.files)
         # check_shards() opens every shard this rank reads before the model is built.
-        self.num_epochs = args.config["training"].get("num_epochs", len(self.files))
+        self.num_epochs = job.training.num_epochs or len(self.files)
         self._pool = None
         self._future = None          # (epoch, Future) of the shard being read in the background
         self._loader = None

@@ -6,11 +6,17 @@ import pytest
 import torch
 
 from deepspeed_train import update_learning_rate
+from turing.job_config import TrainingSection
 from turing.lr_schedule import lr_factor
 from tests.launch import ds_config, expect_input_error, train_in_process
 
 TRAINING = {"learning_rate": 1e-3, "warmup_proportion": 0.1, "total_training_steps": 1000,
             "decay_rate": 0.9, "decay_step": 100}
+
+
+def factor(schedule, step, training, budget_fraction=None):
+    """lr_factor of a training section written as the job config's JSON."""
+    return lr_factor(schedule, step, TrainingSection.from_dict({"num_epochs": 1, **training}), budget_fraction)
 
 
 @pytest.mark.parametrize("schedule, step, expected", [
@@ -25,14 +31,14 @@ TRAINING = {"learning_rate": 1e-3, "warmup_proportion": 0.1, "total_training_ste
     ("EP", 1000, 0.0),
 ])
 def test_schedule_values(schedule, step, expected):
-    assert lr_factor(schedule, step, TRAINING) == pytest.approx(expected, abs=1e-12)
+    assert factor(schedule, step, TRAINING) == pytest.approx(expected, abs=1e-12)
 
 
 def test_no_warmup_gives_one_for_le_ee():
     training = dict(TRAINING, warmup_proportion=0.0)
-    assert lr_factor("LE", 0, training) == 1.0
-    assert lr_factor("EE", 500, training) == 1.0
-    assert lr_factor("EP", 500, training) == pytest.approx(0.25)
+    assert factor("LE", 0, training) == 1.0
+    assert factor("EE", 500, training) == 1.0
+    assert factor("EP", 500, training) == pytest.approx(0.25)
 
 
 def _optimizer():
@@ -73,26 +79,26 @@ WSD = dict(TRAINING, warmup_proportion=0.1, cooldown_proportion=0.2)
     (1200, "1-sqrt", 0.0),                 # past the end: 0, not negative
 ])
 def test_warmup_stable_decay(step, shape, expected):
-    assert lr_factor("WSD", step, dict(WSD, cooldown_shape=shape)) == pytest.approx(expected, abs=1e-12)
+    assert factor("WSD", step, dict(WSD, cooldown_shape=shape)) == pytest.approx(expected, abs=1e-12)
 
 
 def test_budget_schedule_follows_the_share_of_the_time_budget_not_the_step():
     training = dict(TRAINING, warmup_proportion=0.0, cooldown_proportion=1.0)   # linear from 1 to 0
     for step in (0, 10, 5000):
-        assert lr_factor("budget", step, training, budget_fraction=0.25) == pytest.approx(0.75)
-    assert lr_factor("budget", 3, training, budget_fraction=1.0) == 0.0
+        assert factor("budget", step, training, budget_fraction=0.25) == pytest.approx(0.75)
+    assert factor("budget", 3, training, budget_fraction=1.0) == 0.0
     # warmup and cool-down are shares of the budget too
-    assert lr_factor("budget", 3, WSD, budget_fraction=0.05) == pytest.approx(0.5)
-    assert lr_factor("budget", 3, WSD, budget_fraction=0.5) == 1.0
-    assert lr_factor("budget", 3, WSD, budget_fraction=0.95) == pytest.approx(0.25)
+    assert factor("budget", 3, WSD, budget_fraction=0.05) == pytest.approx(0.5)
+    assert factor("budget", 3, WSD, budget_fraction=0.5) == 1.0
+    assert factor("budget", 3, WSD, budget_fraction=0.95) == pytest.approx(0.25)
     # the original's default cool-down share is 20%, linear
-    assert lr_factor("budget", 3, TRAINING, budget_fraction=0.9) == pytest.approx(0.5)
+    assert factor("budget", 3, TRAINING, budget_fraction=0.9) == pytest.approx(0.5)
 
 
 def test_cooldown_over_the_whole_run_starts_at_the_warmup_end():
     training = dict(WSD, cooldown_proportion=1.0)
-    assert lr_factor("WSD", 100, training) == pytest.approx(1.0)
-    assert lr_factor("WSD", 550, training) == pytest.approx(0.5)
+    assert factor("WSD", 100, training) == pytest.approx(1.0)
+    assert factor("WSD", 550, training) == pytest.approx(0.5)
 
 
 def test_an_unknown_schedule_is_one_error_line(data_root, tmp_path, capsys):
@@ -110,16 +116,20 @@ def test_every_schedule_is_named_once_in_the_table():
     help_text = get_argument_parser().format_help()
     assert all(f"{name}:" in help_text for name in LR_SCHEDULES)
     training = {"total_training_steps": 100, "warmup_proportion": 0.1, "decay_rate": 0.9, "decay_step": 10}
-    assert all(0.0 <= lr_factor(name, 50, training, budget_fraction=0.5) <= 1.0 for name in LR_SCHEDULES)
+    assert all(0.0 <= factor(name, 50, training, budget_fraction=0.5) <= 1.0 for name in LR_SCHEDULES)
 
 
-def test_a_schedule_that_reached_zero_says_once_that_the_steps_after_it_do_not_train(caplog):
-    args = argparse.Namespace(lr_schedule="WSD", lr_offset=0.0)
-    training = dict(WSD, total_training_steps=977)
-    with caplog.at_level("WARNING"):
-        assert update_learning_rate(args, {"training": training}, 976, _optimizer()) > 0.0
-        assert not caplog.records
-        for step in (977, 978, 1200):
-            assert update_learning_rate(args, {"training": training}, step, _optimizer()) == 0.0
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "step 977: the learning rate is 0" in warnings[0] and "--max_steps" in warnings[0]
+def test_a_schedule_that_reached_zero_says_once_that_the_steps_after_it_do_not_train(data_root, tmp_path, capsys):
+    """WSD over total_training_steps 5 in a run of 8 steps: steps 6-8 train at LR 0, said once, at step 5."""
+    import json
+
+    from tests.launch import TINY_CFG
+
+    config = json.load(open(TINY_CFG))
+    config["mixed_seq_training"]["128"]["total_training_steps"] = 5
+    cf = tmp_path / "job.json"
+    cf.write_text(json.dumps(config))
+    train_in_process(data_root, tmp_path / "out", ds_config(tmp_path), "--lr_schedule", "WSD", cf=cf)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "the learning rate is 0" in line]
+    assert len(warnings) == 1 and "step 5: the learning rate is 0 from here on" in warnings[0], warnings
+    assert "--max_steps" in warnings[0]

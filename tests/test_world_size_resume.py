@@ -14,6 +14,8 @@ import nvidia_bert_dataset_provider
 from bert_dataset_provider import EpochPlan
 from tests.launch import launch, progress, tiny_args, tiny_argv
 from testkit.launcher import TINY_CFG, TINY_DS
+from turing.job_config import TrainingSection
+from turing.lr_schedule import lr_factor
 from turing.tb_events import read_run
 
 
@@ -76,8 +78,8 @@ def test_every_sample_of_the_interrupted_epoch_once(kind, before, after, data_ro
 
 def lr_at(step):
     """The tiny job config's learning rate at optimizer step `step` (LE schedule)."""
-    training = json.load(open(TINY_CFG))["mixed_seq_training"]["128"]
-    return training["learning_rate"] * deepspeed_train.lr_factor("LE", step, training)
+    training = TrainingSection.from_dict(json.load(open(TINY_CFG))["mixed_seq_training"]["128"])
+    return training.learning_rate * lr_factor("LE", step, training)
 
 
 def in_process(data_root, out, ds, *extra, nvidia=True):

@@ -132,7 +132,7 @@ class Checkpointer:
             path, tag = os.path.join(cfg.saved_model_path, UNIVERSAL_FOLDER), \
                 resume_candidates(path, tag, warn=lambda *_: None)[0]
         self.restore(state, path, tag)
-        num_epochs = cfg.config["training"]["num_epochs"]
+        num_epochs = cfg.job.training.num_epochs
         if state.epoch >= num_epochs:
             logger.info("Resumed a finished run (%d of %d epochs, global step %d)", state.epoch, num_epochs,
                         state.global_step)

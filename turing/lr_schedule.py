@@ -1,8 +1,9 @@
 """The learning-rate schedules of --lr_schedule, each named once, in LR_SCHEDULES.
 
 A schedule is a factor of the job config's base learning rate at optimizer step `step`
-(counted from the warmup start), given the training section of the job config (`training`:
-total_training_steps, warmup_proportion, and the schedule's own keys) and, for `budget`, the
+(counted from the warmup start), given the training section of the job config (`training`, a
+turing.job_config.TrainingSection: total_training_steps, warmup_proportion, and the schedule's
+own keys) and, for `budget`, the
 share of --max_train_hours spent. LE/EE/EP are the original's schedules; WSD and budget are
 warmup-stable-decay (linear warmup over warmup_proportion, 1.0, then a cool-down to 0 over the
 final cooldown_proportion, `linear` (1 - t) or `1-sqrt` (1 - sqrt t) by cooldown_shape) over the
@@ -21,26 +22,26 @@ COOLDOWN_SHAPES = ("linear", "1-sqrt")
 
 
 def _exponential_decay(step, training):
-    return training["decay_rate"] ** ((step - training["warmup_proportion"] * training["total_training_steps"])
-                                      / training["decay_step"])
+    return training.decay_rate ** ((step - training.warmup_proportion * training.total_training_steps)
+                                      / training.decay_step)
 
 
 def linear_warmup_exp_decay(step, training, budget_fraction=None):
-    x, warmup = step / training["total_training_steps"], training["warmup_proportion"]
+    x, warmup = step / training.total_training_steps, training.warmup_proportion
     if warmup == 0:
         return 1.0
     return x / warmup if x < warmup else _exponential_decay(step, training)
 
 
 def exp_warmup_exp_decay(step, training, budget_fraction=None):
-    x, warmup = step / training["total_training_steps"], training["warmup_proportion"]
+    x, warmup = step / training.total_training_steps, training.warmup_proportion
     if warmup == 0:
         return 1.0
     return (x / warmup) ** 2 if x < warmup else _exponential_decay(step, training)
 
 
 def exp_warmup_poly_decay(step, training, budget_fraction=None):
-    x, warmup = step / training["total_training_steps"], training["warmup_proportion"]
+    x, warmup = step / training.total_training_steps, training.warmup_proportion
     if x < warmup:
         return (x / warmup) ** 1.5
     return max(0.0, 1.0 - x) ** 2
@@ -59,12 +60,12 @@ def warmup_stable_decay(x, warmup, cooldown, shape):
 
 
 def _wsd_at(x, training):
-    return warmup_stable_decay(x, training["warmup_proportion"], training.get("cooldown_proportion", COOLDOWN_PROPORTION),
-                               training.get("cooldown_shape", "linear"))
+    return warmup_stable_decay(x, training.warmup_proportion, training.cooldown_proportion,
+                               training.cooldown_shape)
 
 
 def wsd_over_steps(step, training, budget_fraction=None):
-    return _wsd_at(step / training["total_training_steps"], training)
+    return _wsd_at(step / training.total_training_steps, training)
 
 
 def wsd_over_time_budget(step, training, budget_fraction=None):

@@ -57,6 +57,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.job_config import bert_model_config_of
 from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
@@ -652,7 +653,7 @@ class ModelOptions:
         `model`). Attributes `args`
         lacks keep their defaults; ds_config gives the sparse-attention block and the precision,
         train_micro_batch_size_per_gpu the micro batch, local_rank (or the launcher's
-        LOCAL_RANK) the local rank, the job config (`config`) the architecture."""
+        LOCAL_RANK) the local rank, the job config the architecture."""
         if args is None or isinstance(args, cls):
             return args or cls()
         if isinstance(getattr(args, "model", None), cls):
@@ -662,7 +663,7 @@ class ModelOptions:
         if local_rank is None or local_rank < 0:
             # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        model_config = (getattr(args, "config", None) or {}).get("bert_model_config")
+        model_config = bert_model_config_of(args)
         architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
         return cls(**{name: getattr(args, name) for name in cls._SAME_NAME if hasattr(args, name)},
                    architecture=architecture,

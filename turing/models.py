@@ -19,6 +19,7 @@ from turing.checkpoint import read_state_dict_file
 from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.modern import ModernConfig, ModernForPreTraining
+from turing.job_config import bert_model_config_of
 from turing.tokenization import load_vocab, vocab_rows, vocab_size
 
 logger = logging.getLogger(__name__)
@@ -51,10 +52,10 @@ class CheckpointError(InputValueError):
 
 class BertMultiTask:
     def __init__(self, args):
-        job_config = args.config
-        if "bert_model_config" not in job_config:
+        model_config = bert_model_config_of(args)
+        if model_config is None:
             raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
-        self.config = model_config_from_dict(job_config["bert_model_config"])
+        self.config = model_config_from_dict(model_config)
         vocab = load_vocab(args.vocab_file)
         # One row per vocab line (repeated lines included), padded to 8 for tensor-core friendly shapes.
         self.config.vocab_size = vocab_rows(vocab, args.vocab_file)

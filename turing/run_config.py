@@ -13,6 +13,7 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
 from turing.flops import MEASURE
+from turing.job_config import JobConfig
 from turing.jsonfile import read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
 from turing.modeling import BertConfigError, ModelOptions
@@ -111,8 +112,9 @@ def complete_arguments(args):
     """Read and check the job config and the DeepSpeed config of a parsed command line, resolve
     its paths; returns `args` with, added (the original's attributes): config (with
     data.datasets and training for this sequence length), job_name, vocab_file, vocab_size,
-    saved_model_path, tensorboard_path, ds_config, next_sentence_prediction. Nothing is added
-    to `args` after this: the run reads its RunConfig."""
+    saved_model_path, tensorboard_path, ds_config, next_sentence_prediction, and `job`, the job
+    config as typed sections (turing.job_config), which everything after this reads. Nothing is
+    added to `args` after this: the run reads its RunConfig."""
     config = _read_json(args.config_file, "job config (--cf)")
     seq = str(args.max_seq_length)
     datasets = _require(config, ["data", "mixed_seq_datasets"], args.config_file)
@@ -133,6 +135,7 @@ def complete_arguments(args):
     _require(config, ["bert_model_config"], args.config_file)
     check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})", config)
     args.config = config
+    args.job = JobConfig.from_resolved(config, seq)  # what the run reads: typed, by attribute
     args.job_name = args.job_name or config.get("name") or "bing_bert"
     if args.job_name in (".", "..") or os.sep in args.job_name or (os.altsep and os.altsep in args.job_name):
         raise InputError(f"job name {args.job_name!r} (--job_name, or the job config's 'name') must be a plain folder "
@@ -357,8 +360,9 @@ class RunConfig:
     validation_data_path_prefix: Optional[str]
     vocab_file: str                  # resolved bert_token_file
     vocab_size: int                  # the model's rows: the vocab file's lines, rounded up to a multiple of 8
-    # the configs, read and checked; config["training"] is this sequence length's section and
-    # config["data"]["datasets"] its data sets
+    # the configs, read and checked: `job` typed (what the program reads), `config` the JSON as
+    # resolved for this sequence length (saved beside each checkpoint as job_config.json)
+    job: JobConfig
     config: dict
     ds_config: dict
     # data and batch layout

@@ -1,0 +1,102 @@
+"""The job config (--cf, `bert_config.json`) as typed sections, built once from the JSON after
+turing.run_config has read and checked it for the run's sequence length, and read by attribute
+everywhere else (the trainer, the providers, the checkpointer, the LR schedules): no code past the
+parser looks a key up in the raw dict.
+
+    name                      the run name (--job_name overrides it)
+    bert_token_file           the vocab (a vocab.txt, or a folder holding one)
+    bert_model_file           pretrained weights (--use_pretrain)
+    bert_model_config         the model sizes and architecture (turing.models.model_config_from_dict)
+    data.format               "nvidia" or "bing" (default: --use_nvidia_dataset's choice)
+    data.mixed_seq_datasets   {seq: {dataset name: path under --data_path_prefix}}
+    mixed_seq_training        {seq: the training section, TrainingSection}
+    validation.path           the validation set under --validation_data_path_prefix
+"""
+import dataclasses
+from typing import Optional, Tuple
+
+from turing.dataset import MASK_SPLIT, MASKED_SHARE
+from turing.errors import InputValueError
+from turing.lr_schedule import COOLDOWN_PROPORTION
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSection:
+    """mixed_seq_training.<seq>: the schedule and the recipe switches of one sequence length.
+    Defaults are the original's recipe; the first four the parser requires of a job config (None
+    only in a hand-built section that does not train, a provider's test, say)."""
+    num_epochs: Optional[int] = None
+    learning_rate: Optional[float] = None
+    warmup_proportion: Optional[float] = None
+    total_training_steps: Optional[int] = None
+    decay_rate: Optional[float] = None      # LE, EE: LR x decay_rate ** ((step - warmup steps) / decay_step)
+    decay_step: Optional[float] = None
+    num_workers: int = 0                    # DataLoader workers per rank
+    async_worker: bool = False              # the Bing provider's AsyncWorker
+    weight_decay: float = 0.01
+    masked_lm_prob: float = MASKED_SHARE    # the Bing provider's dynamic masking
+    mask_split: Tuple[float, float, float] = tuple(MASK_SPLIT)
+    next_sentence_prediction: bool = True   # the NSP term (off for the modernbert architecture)
+    cooldown_proportion: float = COOLDOWN_PROPORTION   # WSD, budget
+    cooldown_shape: str = "linear"
+
+    @classmethod
+    def from_dict(cls, section, architecture="bert", where="job config mixed_seq_training.<seq>"):
+        """The section of a JSON dict (its values checked by turing.run_config); keys it does not
+        know are ignored here. `where` names the section in errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in section.items() if k in known}
+        if not isinstance(values.get("async_worker", False), bool):  # "present = on" in the original: say it
+            raise InputValueError(f"{where}.async_worker: expected true or false, got {values['async_worker']!r}")
+        if "mask_split" in values:
+            values["mask_split"] = tuple(values["mask_split"])
+        values.setdefault("next_sentence_prediction", architecture == "bert")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """The job config of one run, for its sequence length."""
+    name: Optional[str]
+    bert_token_file: str
+    bert_model_file: str
+    bert_model_config: dict          # as written: turing.models.model_config_from_dict builds the config
+    data_format: Optional[str]
+    datasets: dict                   # data.mixed_seq_datasets.<seq>: dataset name -> path
+    training: TrainingSection
+    validation_path: Optional[str]
+
+    @property
+    def architecture(self):
+        return self.bert_model_config.get("architecture", "bert")
+
+    @classmethod
+    def from_resolved(cls, config, seq="<seq>"):
+        """The JobConfig of a job config whose `training` and `data.datasets` are this sequence
+        length's (`seq`) entries (as turing.run_config.complete_arguments leaves `args.config`)."""
+        model = config.get("bert_model_config") or {}
+        architecture = model.get("architecture", "bert") if isinstance(model, dict) else "bert"
+        validation = config.get("validation")
+        return cls(name=config.get("name"), bert_token_file=config.get("bert_token_file", ""),
+                   bert_model_file=config.get("bert_model_file") or "", bert_model_config=model,
+                   data_format=(config.get("data") or {}).get("format"),
+                   datasets=dict((config.get("data") or {}).get("datasets") or {}),
+                   training=TrainingSection.from_dict(config.get("training") or {}, architecture,
+                                                      f"job config mixed_seq_training.{seq}"),
+                   validation_path=validation.get("path") if isinstance(validation, dict) else None)
+
+
+def job_config_of(args):
+    """The JobConfig of a run's settings: the RunConfig's, or, for the original's `args` (which
+    construct_arguments gives one too) and hand-built ones, made from `args.config`."""
+    job = getattr(args, "job", None)
+    return job if job is not None else JobConfig.from_resolved(args.config, getattr(args, "max_seq_length", "<seq>"))
+
+
+def bert_model_config_of(args):
+    """bert_model_config of a run's settings (None where there is none): the typed job config's,
+    or that of a hand-built `args` holding only a `config` dict (the original's BertMultiTask(args))."""
+    job = getattr(args, "job", None)
+    if job is not None:
+        return job.bert_model_config
+    return (getattr(args, "config", None) or {}).get("bert_model_config")
