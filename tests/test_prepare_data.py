@@ -425,6 +425,40 @@ def test_existing_shards_need_overwrite(data, tmp_path, capsys):
     assert "different vocab.txt" in msg
 
 
+def test_a_part_removes_only_its_own_shards(data, tmp_path):
+    """Part 1 run without a validation set leaves part 0's validation shard (the install removed
+    every shard of validation/, no --overwrite given); part 1's own, with --overwrite, goes."""
+    out = tmp_path / "parts"
+    run(data, out, "--num_parts", 2, "--part", 0, "--validation_fraction", 0.1)
+    part0 = (out / "validation" / "parts_part000_test_shard0.hdf5").read_bytes()
+    run(data, out, "--num_parts", 2, "--part", 1)
+    assert os.listdir(out / "validation") == ["parts_part000_test_shard0.hdf5"]
+    assert (out / "validation" / "parts_part000_test_shard0.hdf5").read_bytes() == part0
+    run(data, out, "--num_parts", 2, "--part", 1, "--validation_fraction", 0.1, "--overwrite")
+    run(data, out, "--num_parts", 2, "--part", 1, "--overwrite")
+    assert os.listdir(out / "validation") == ["parts_part000_test_shard0.hdf5"]
+    assert sorted(os.listdir(out / "train")) == ["parts_part000_training_shard0.hdf5",
+                                                 "parts_part001_training_shard0.hdf5"]
+
+
+def test_an_output_folder_named_like_a_part_tag_keeps_its_parts_apart(data, tmp_path, capsys):
+    """OUT named web_part001 (the default prefix): part 0's shard web_part001_part000_... is not
+    part 1's, so part 1 runs without --overwrite, and part 0's shard stays."""
+    out = tmp_path / "web_part001"
+    run(data, out, "--num_parts", 2, "--part", 0)
+    part0 = (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes()
+    run(data, out, "--num_parts", 2, "--part", 1)
+    assert sorted(os.listdir(out / "train")) == ["web_part001_part000_training_shard0.hdf5",
+                                                 "web_part001_part001_training_shard0.hdf5"]
+    assert (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes() == part0
+    argv = ["--input", str(data.corpus), "--output_dir", str(out), "--vocab_file", str(data.vocab),
+            "--max_seq_length", "64", "--num_parts", "2", "--part", "1"]
+    msg = error_of(capsys, argv)
+    assert "already holds shards (train/web_part001_part001_training_shard0.hdf5, ...)" in msg
+    assert prepare_data.main(argv + ["--overwrite"]) == 0
+    assert (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes() == part0
+
+
 def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     calls = []
 

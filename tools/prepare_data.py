@@ -102,6 +102,9 @@ logger = logging.getLogger(__name__)
 
 TRAIN, VALIDATION = "train", "validation"
 SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5$")
+# A shard's part tag where it stands: first in a Bing shard's name, right before "training"/"test"
+# in an NVIDIA one (never inside the prefix, which may hold "_part001_" itself: OUT's name).
+SHARD_PART = re.compile(r"^(part\d+_)shard_\d+$|_(part\d+_)(?:training|test)_shard\d+\.hdf5$")
 WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
 PROGRESS_SECONDS = 30                 # a plain progress line this often when stderr is not a terminal
 HDF5_CHUNK_BYTES = 1 << 18            # ~256 KB per hdf5 chunk: good gzip ratio, small reads
@@ -1256,7 +1259,13 @@ def existing_shards(folder, part_tag=None):
     if not os.path.isdir(folder):
         return []
     return sorted(name for name in os.listdir(folder) if SHARD_NAME.search(name)
-                  and (part_tag is None or name.startswith(part_tag) or f"_{part_tag}" in name))
+                  and (part_tag is None or shard_part_tag(name) == part_tag))
+
+
+def shard_part_tag(name):
+    """The part tag of a shard name ("part003_"), "" for a shard of a run without parts."""
+    match = SHARD_PART.search(name)
+    return match.group(1) or match.group(2) if match else ""
 
 
 def remove_shards(folder, part_tag=None):
@@ -1537,7 +1546,7 @@ def prepare(args, signals=None):
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
-        _install(out, tmp, vocab_file, shard_sets)
+        _install(out, tmp, vocab_file, shard_sets, part_tag)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
@@ -1673,15 +1682,16 @@ def unk_cause(tokens_by_id, do_lower_case):
             "(--vocab_file; --build_vocab trains one on this corpus)")
 
 
-def _install(out, tmp, vocab_file, shard_sets):
-    """Everything is complete: move the vocab and the shards from `tmp` into place."""
+def _install(out, tmp, vocab_file, shard_sets, part_tag):
+    """Everything is complete: move the vocab and the shards from `tmp` into place (with parts,
+    only this part's shards are replaced)."""
     if not _same_file(vocab_file, os.path.join(out, "vocab.txt")):
         shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt.final"))
         os.replace(os.path.join(tmp, "vocab.txt.final"), os.path.join(out, "vocab.txt"))
     for shard_set in shard_sets.values():
         shard_set.install()
-    if VALIDATION not in shard_sets:
-        remove_shards(os.path.join(out, VALIDATION))   # an older run's (only with --overwrite)
+    if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)
+        remove_shards(os.path.join(out, VALIDATION), part_tag or None)
 
 
 def _peak_rss_mb(who):
