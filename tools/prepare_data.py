@@ -59,6 +59,7 @@ as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse
 import collections
+import ctypes
 import fcntl
 import filecmp
 import functools
@@ -76,6 +77,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -107,6 +109,8 @@ SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5
 SHARD_PART = re.compile(r"^(part\d+_)shard_\d+$|_(part\d+_)(?:training|test)_shard\d+\.hdf5$")
 WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
 PROGRESS_SECONDS = 30                 # a plain progress line this often when stderr is not a terminal
+PARENT_POLL_SECONDS = 1               # a worker checks this often that the main process still runs
+PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>: a signal the kernel sends when the parent ends
 HDF5_CHUNK_BYTES = 1 << 18            # ~256 KB per hdf5 chunk: good gzip ratio, small reads
 HDF5_GZIP_LEVEL = 4                   # h5py's (and so NVIDIA's) compression="gzip" level
 
@@ -546,15 +550,20 @@ def _sentences_of(documents, splitter=corpora.SPLITTER):
     return ["\n".join(corpora.document_sentences(doc, split)) for doc in documents]
 
 
-def write_vocab_sample(reader, path, budget, seed, workers):
+def _worker_context():
+    """Forked workers where the platform can (they inherit the set-up: no re-import), else spawned."""
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+
+
+def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
     """Write the sample `train_vocab` reads for a large or non-text corpus, one sentence per line:
-    documents sampled by `sample_documents`, markup removed and split in `workers` processes."""
+    documents sampled by `sample_documents`, markup removed and split in `workers` processes
+    (which close the descriptors `inherited` and end with this process: end_with_parent)."""
     sample = sample_documents(reader, budget, seed)
     batches = [sample[i:i + 64] for i in range(0, len(sample), 64)]
     with open(path, "w", encoding="utf-8") as f:
         if workers > 1 and len(batches) > 1:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            with ctx.Pool(workers) as pool:
+            with _worker_context().Pool(workers, end_with_parent, (os.getpid(), tuple(inherited))) as pool:
                 for texts in pool.imap(_sentences_of, batches):
                     f.writelines(t + "\n\n" for t in texts if t)
         else:
@@ -1006,9 +1015,30 @@ def load_chunk(path):
         return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
 
 
-def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
+def end_with_parent(parent, inherited=()):
+    """In a worker process (forked): let go of the descriptors `inherited` that only the main
+    process may hold (the journal's lock: a worker holding it keeps the lock after the main process
+    is gone), and end when the main process `parent` ends, however it ends (SIGKILL too): the
+    kernel's parent-death signal on Linux, and everywhere a thread that sees the parent change
+    (an orphan is adopted by another process)."""
+    for fd in inherited:
+        os.close(fd)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent):
+    while os.getppid() == parent:   # checked first at once: the parent may have ended before the prctl
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _worker_main(tasks, results, settings, tokenizer, tokens_by_id, parent, inherited):
     """A pool worker: runs the tasks from `tasks` (a queue; None ends; see ChunkProcessor.run) and
-    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception)."""
+    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception);
+    it ends with the main process `parent` (see end_with_parent)."""
+    end_with_parent(parent, inherited)
     # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
     # stops the workers and removes its temporary folder.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1315,7 +1345,9 @@ class Journal:
 
     It outlives a run that did not finish (a signal, SIGKILL, a crash), so that the same command
     continues from the chunks done; a run that finishes removes it. One run at a time holds it
-    (an flock, which the operating system drops however the holder ends).
+    (an flock, which the operating system drops however the holder ends; the workers close their
+    copy of its descriptor). The lock file names the holder ("PID HOST"): a lock still held although
+    its holder on this host is gone (by a process that inherited the descriptor) is taken over.
     """
 
     def __init__(self, out, part_suffix=""):
@@ -1336,20 +1368,7 @@ class Journal:
     def open(self, fingerprint, overwrite):
         """Lock the journal and start or continue it; returns the number of chunks already done."""
         os.makedirs(self.folder, exist_ok=True)
-        self._lock = open(os.path.join(self.folder, "lock"), "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "?"
-            self._lock.close()
-            self._lock = None
-            raise PrepareDataError(f"{self.folder}: another prepare_data run (pid {holder}) is writing there; "
-                                   "wait for it to end") from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(str(os.getpid()))
-        self._lock.flush()
+        self._lock = self._take_lock(os.path.join(self.folder, "lock"))
         previous = self.previous()
         if previous is not None and previous != fingerprint:
             if not overwrite:
@@ -1371,6 +1390,40 @@ class Journal:
         os.makedirs(self.chunks, exist_ok=True)
         return len(self.done_chunks())
 
+    def _take_lock(self, path):
+        """The lock file, locked, naming this run; a live holder's lock is refused."""
+        for _ in range(3):
+            f = open(path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip()
+                pid, _, host = holder.partition(" ")
+                if not (pid.isdigit() and host == socket.gethostname() and not _running(int(pid))):
+                    f.close()
+                    raise PrepareDataError(f"{self.folder}: another prepare_data run (pid {pid or '?'}"
+                                           f"{' on ' + host if host else ''}) is writing there; wait for it to "
+                                           "end") from None
+                logger.warning("%s: its lock names prepare_data run pid %s on %s, which is no longer running "
+                               "(a process it started still holds the lock); taking it over", self.folder, pid, host)
+                if _same_inode(f, path):
+                    os.remove(path)   # the orphan keeps its lock on a file no run opens again
+                f.close()
+                continue
+            if _same_inode(f, path):  # not replaced meanwhile by another run taking the lock over
+                f.seek(0)
+                f.truncate()
+                f.write(f"{os.getpid()} {socket.gethostname()}")
+                f.flush()
+                return f
+            f.close()
+        raise PrepareDataError(f"{self.folder}: could not lock {path}: other runs keep replacing it")
+
+    def descriptors(self):
+        """What a worker process must not hold: the lock's descriptor (a forked worker has it)."""
+        return (self._lock.fileno(),) if self._lock is not None else ()
+
     def done_chunks(self):
         return [n for n in os.listdir(self.chunks) if n.endswith(".npz") and ".tmp" not in n] \
             if os.path.isdir(self.chunks) else []
@@ -1389,6 +1442,23 @@ class Journal:
             self._lock.close()
             self._lock = None
         return kept
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+def _same_inode(f, path):
+    try:
+        return os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _difference(previous, now):
@@ -1518,7 +1588,7 @@ def prepare(args, signals=None):
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
         if args.workers > 1:
-            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id)
+            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id, journal.descriptors())
         processor = None if pool else ChunkProcessor(settings, tokenizer, tokens_by_id)
         # Threads that deflate hdf5 chunks (zlib releases the GIL), beside the workers.
         deflater = ThreadPoolExecutor(max(2, args.workers), thread_name_prefix="deflate")
@@ -1621,7 +1691,7 @@ def build_vocab(args, sources, options, journal, signals):
     else:
         sample = os.path.join(journal.tmp, "vocab_sample.txt")
         reader = CorpusReader(sources, options, max_document_bytes=int(args.chunk_size_mb * 2**20))
-        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers)
+        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers, journal.descriptors())
         logger.info("training the vocab on a sample of %d documents (%.1f MB of text)", n, size / 1e6)
         files = [sample]
     tmp = journal.vocab + ".tmp"
@@ -1710,9 +1780,9 @@ class WorkerPool:
     waits for its lost task forever.
     """
 
-    def __init__(self, workers, settings, tokenizer, tokens_by_id):
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    def __init__(self, workers, settings, tokenizer, tokens_by_id, inherited=()):
+        """`inherited`: descriptors of the main process that a worker closes (the journal's lock)."""
+        ctx = _worker_context()
         # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
         # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -1723,7 +1793,8 @@ class WorkerPool:
                 tasks = ctx.Queue()
                 results, results_end = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=_worker_main, daemon=True,
-                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id))
+                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id, os.getpid(),
+                                            tuple(inherited)))
                 process.start()
                 results_end.close()  # the worker holds the only writing end
                 self.workers.append((process, tasks, results))
