@@ -7,7 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from tools import prepare_data
+from tools import corpora, prepare_data
+from turing import heldout
 from turing.tokenization import build_fast_tokenizer, load_vocab
 
 WORDS = ("the cat sat on a mat while dog ran to park with ball and bird sang in tree near house "
@@ -90,6 +91,20 @@ def read_bing(folder):
             tokens = raw.decode().split("\x1f")
         out.append((tokens[:split[i]], tokens[split[i]:], int(is_next[i])))
     return out
+
+
+def shard_text(folder):
+    """The segments of every Bing shard under `folder` as one string, "| tokens of A | tokens of B |"
+    per instance, for `occurs` to search."""
+    return "".join(f"| {' '.join(a)} | {' '.join(b)} |" for shard in sorted(folder.iterdir())
+                   for a, b, _ in read_bing(shard))
+
+
+def occurs(tokens, text):
+    """Whether a sentence's tokens (ending in ".") stand in `text` (shard_text) as a whole sentence:
+    first in a segment or after another sentence's full stop."""
+    sentence = " ".join(tokens)
+    return f"| {sentence} " in text or f". {sentence} " in text
 
 
 # ----------------------------------------------------------------------------- NVIDIA format
@@ -305,6 +320,27 @@ def test_validation_split_takes_that_share_of_documents(data, tmp_path, capsys):
     assert train and valid and not train & valid
 
 
+def test_the_held_out_documents_and_the_training_keys_are_written_beside_the_shards(bing_out, data):
+    """OUT/documents.json, heldout.jsonl and train_document_keys.npy (turing/heldout.py) say which
+    documents went where: the held-out ones as read, none of their sentences in a training shard."""
+    docs = [block.split("\n") for block in data.corpus.read_text().strip("\n").split("\n\n")]
+    assert len(docs) == 60
+    manifest = heldout.read_manifest(str(bing_out))
+    (record,) = manifest.parts
+    assert record["documents_read"] == 60 and record["validation_fraction"] == 0.1
+    assert (record["train"]["documents"], record["validation"]["documents"]) == (54, 6)
+    held = list(manifest.heldout_documents())
+    assert [d["sentences"] for d in held] == [docs[d["document"]] for d in held] and len(held) == 6
+    keys = {corpora.document_key(doc) for doc in docs}
+    assert set(manifest.heldout_keys().tolist()) | set(manifest.train_keys().tolist()) == keys
+    assert manifest.train_keys().tolist() == sorted(keys - set(manifest.heldout_keys().tolist()))
+    tokenizer = build_fast_tokenizer(str(data.vocab))
+    train, validation = shard_text(bing_out / "train"), shard_text(bing_out / "validation")
+    sentences = [tokenizer.encode(s, add_special_tokens=False).tokens for d in held for s in d["sentences"]]
+    assert not [s for s in sentences if occurs(s, train)]
+    assert all(occurs(s, validation) for s in sentences)       # where the search does find them
+
+
 # ----------------------------------------------------------------------------- pieces
 
 def test_word_cache_tokenizer_equals_plain_encoding(data):
@@ -482,7 +518,7 @@ def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     assert prepare_data.main(argv) == 0
     fresh = tmp_path / "fresh"
     assert prepare_data.main([str(fresh) if a == str(out) else a for a in argv]) == 0
-    assert sorted(os.listdir(out)) == ["stats.json", "train", "vocab.txt"]
+    assert sorted(os.listdir(out)) == sorted(["stats.json", "train", "vocab.txt", *heldout.manifest_names()])
     assert (out / "train" / "o_training_shard0.hdf5").read_bytes() == \
         (fresh / "train" / "fresh_training_shard0.hdf5").read_bytes()
 

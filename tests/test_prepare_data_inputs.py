@@ -18,6 +18,7 @@ import pytest
 
 from tests.test_prepare_data import make_corpus, make_vocab
 from tools import prepare_data
+from turing import heldout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -226,8 +227,8 @@ def test_a_sigkilled_run_takes_its_workers_along_and_the_same_command_finishes_i
     fresh = tmp_path / "fresh"
     assert prepare_data.main(workers_argv(vocab, folder, fresh) + ["--prefix", "o"]) == 0
     assert os.listdir(out / "train") == ["o_training_shard0.hdf5"]
-    assert (out / "train" / "o_training_shard0.hdf5").read_bytes() == \
-        (fresh / "train" / "o_training_shard0.hdf5").read_bytes()
+    for name in ["train/o_training_shard0.hdf5", *heldout.manifest_names()]:   # and the record of the split
+        assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
     assert not (out / prepare_data.WORK_DIR).exists()
 
 

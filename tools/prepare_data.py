@@ -23,6 +23,10 @@ Output folder:
         shard_{i:03d}/                     --format bing
     OUT/validation/                        the same for --validation_fraction > 0
         {prefix}_test_shard{i}.hdf5 | shard_{i:03d}/
+    OUT/documents.json, OUT/heldout.jsonl, OUT/train_document_keys.npy
+                                           which documents were held out (as read) and the training
+                                           documents' keys (turing/heldout.py): the split's one record,
+                                           which every later stage reads (with parts: one per part)
 
 Pipeline. Documents are read in order and grouped into chunks of about --chunk_size_mb of text
 (the training and validation documents separately). Each chunk is one unit of work for a pool
@@ -42,7 +46,9 @@ train/ and validation/ end up holding only this run's shards: anything else ther
 Resuming. Every finished chunk is kept in OUT/.prepare_data.work (with the settings and a
 fingerprint of the input and vocab) until the run ends; the same command after a kill, a
 crash or a signal reuses them and writes the shards an uninterrupted run would have written.
-Other settings or a changed input are refused, or started afresh with --overwrite.
+Other settings or a changed input are refused, or started afresh with --overwrite. The workers
+end with the main process however it ends (SIGKILL too) and never hold the journal's lock; a
+lock left held after its run ended is taken over with a warning.
 
 Parts. --num_parts N --part K makes machine K's share: the documents whose hash is K mod N
 (duplicates land in the same part), written as shards named by part, so the parts written into
@@ -58,6 +64,7 @@ masks at load time); is_next.npy is 1 when B is a random sentence (the Bing form
 as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse
+import array
 import collections
 import ctypes
 import fcntl
@@ -96,6 +103,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools import corpora
+from turing import heldout
 from turing.formats import BING_SEPARATOR, HDF5_DTYPES, HDF5_KEYS
 from turing.signals import StopRequested, StopSignals
 from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, load_vocab, special_token_ids, vocab_size
@@ -442,8 +450,8 @@ class DocumentFilter:
         self.seen = set()              # 64-bit keys: ~70 bytes of memory per document kept
         self.read = self.duplicates = self.other_parts = 0
 
-    def __call__(self, document):
-        key = corpora.document_key(document)
+    def __call__(self, key):
+        """Whether to keep the document of corpora.document_key `key`."""
         if self.num_parts > 1 and key % self.num_parts != self.part:
             self.other_parts += 1
             return False
@@ -464,12 +472,13 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers. `keep`
-    (a DocumentFilter) decides which documents are kept.
+    (a DocumentFilter) decides which documents are kept; `record(set name, document number,
+    key, document)` (a SplitRecord) is told where each kept one goes.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
@@ -483,8 +492,11 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
         # held-out documents, split by the same rule, stay the validation set's)
         name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
         index += 1
-        if keep is not None and not keep(doc):
+        key = corpora.document_key(doc)
+        if keep is not None and not keep(key):
             continue
+        if record is not None:
+            record(name, index - 1, key, doc)
         entry = pending[name]
         entry[0].append(doc)
         entry[1] += corpora.document_size(doc)
@@ -496,6 +508,66 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
         if docs:
             yield name, chunk_index, docs, consumed
             consumed = 0
+
+
+class SplitRecord:
+    """Which documents went to which set, written beside the shards for every later stage to read
+    (turing/heldout.py's files): the held-out documents as read, their sentences split as the
+    workers split them, and the training documents' keys. Made in the main process as documents
+    are dealt (so a resumed run, which reads its input again, makes it again whole), written in
+    the temporary folder and renamed into place with the shards; the shards never depend on it."""
+
+    def __init__(self, tmp, part=None):
+        self.tmp = tmp
+        self.names = heldout.manifest_names(part)
+        self.heldout = open(os.path.join(tmp, self.names[1]), "w", encoding="utf-8")
+        self.train_keys = array.array("Q")          # 8 bytes a training document
+        self.validation_documents = 0
+        self.split = corpora.SentenceSplitter()     # the workers' (loaded only for a layout that needs it)
+
+    def __call__(self, name, number, key, document):
+        if name == TRAIN:
+            self.train_keys.append(key)
+            return
+        sentences = corpora.document_sentences(document, self.split)
+        self.heldout.write(json.dumps({"document": number, "key": key, "sentences": sentences}) + "\n")
+        self.validation_documents += 1
+
+    def finish(self, args, documents_read):
+        """Write documents.json and the training keys (the held-out documents are written already)."""
+        self.heldout.close()
+        documents, heldout_file, keys_file = self.names
+        np.save(os.path.join(self.tmp, keys_file), np.sort(np.frombuffer(self.train_keys, dtype=np.uint64)))
+        reading = {k: getattr(args, k) for k in ("input_format", "text_field", "hf_split", "hf_config",
+                                                  "skip_bad_records", "chunk_size_mb", "keep_duplicates")}
+        inputs = [os.path.abspath(p) if os.path.exists(p) else p for p in args.input]
+        record = {
+            "split": "the documents read are numbered in input order from 0 (every one: kept, a duplicate or "
+                     "another part's); document i is held out when floor((i + 1) * validation_fraction) > "
+                     "floor(i * validation_fraction)",
+            "validation_fraction": args.validation_fraction, "documents_read": documents_read,
+            "num_parts": args.num_parts, "part": args.part if args.num_parts > 1 else None,
+            "train": {"documents": len(self.train_keys), "keys": keys_file},
+            "validation": {"documents": self.validation_documents, "documents_file": heldout_file},
+            "key": "tools.corpora.document_key: blake2b (8 bytes, little-endian) of the text case-folded, "
+                   "whitespace collapsed",
+            "reading": {"input": inputs, **reading},
+        }
+        with open(os.path.join(self.tmp, documents), "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+
+    def install(self, out, parts):
+        """Rename the files into OUT; a run without parts, which replaced every shard, removes every
+        part's record too (a part's own files are replaced by the rename)."""
+        if not parts:
+            for name in heldout.manifest_files(out):
+                if name not in self.names:
+                    os.remove(os.path.join(out, name))
+        for name in self.names:
+            os.replace(os.path.join(self.tmp, name), os.path.join(out, name))
+
+    def close(self):
+        self.heldout.close()
 
 
 # ----------------------------------------------------------------------------- vocab
@@ -1568,7 +1640,7 @@ def prepare(args, signals=None):
     if done:
         logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
     tmp = journal.tmp
-    pool = deflater = None
+    pool = deflater = record = None
     shard_sets = {}
     finished = False
     try:
@@ -1604,8 +1676,10 @@ def prepare(args, signals=None):
 
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
+        record = SplitRecord(tmp, args.part if parts else None)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
-                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction, keep))
+                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction,
+                                                               keep, record))
         _collect(_ordered_results(chunks, pool, processor, args.workers, summary.input_bytes, signals.check),
                  summary, shard_sets)
         if pool:
@@ -1616,7 +1690,8 @@ def prepare(args, signals=None):
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
-        _install(out, tmp, vocab_file, shard_sets, part_tag)
+        record.finish(args, keep.read + keep.other_parts)
+        _install(out, tmp, vocab_file, shard_sets, part_tag, record)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
@@ -1630,6 +1705,8 @@ def prepare(args, signals=None):
             deflater.shutdown(cancel_futures=True)
         for shard_set in shard_sets.values():
             shard_set.close()
+        if record:
+            record.close()
         kept = journal.close(finished)
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
@@ -1752,9 +1829,9 @@ def unk_cause(tokens_by_id, do_lower_case):
             "(--vocab_file; --build_vocab trains one on this corpus)")
 
 
-def _install(out, tmp, vocab_file, shard_sets, part_tag):
-    """Everything is complete: move the vocab and the shards from `tmp` into place (with parts,
-    only this part's shards are replaced)."""
+def _install(out, tmp, vocab_file, shard_sets, part_tag, record):
+    """Everything is complete: move the vocab, the shards and the record of the split from `tmp`
+    into place (with parts, only this part's shards are replaced)."""
     if not _same_file(vocab_file, os.path.join(out, "vocab.txt")):
         shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt.final"))
         os.replace(os.path.join(tmp, "vocab.txt.final"), os.path.join(out, "vocab.txt"))
@@ -1762,6 +1839,7 @@ def _install(out, tmp, vocab_file, shard_sets, part_tag):
         shard_set.install()
     if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)
         remove_shards(os.path.join(out, VALIDATION), part_tag or None)
+    record.install(out, bool(part_tag))
 
 
 def _peak_rss_mb(who):
