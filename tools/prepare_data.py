@@ -570,6 +570,45 @@ class SplitRecord:
         self.heldout.close()
 
 
+@dataclass
+class RecordedSplit:
+    """The documents of a prepare_data output by its record, in input order, each a list of
+    sentences (whitespace runs made one space)."""
+    train: list
+    heldout: list
+    numbers: list          # the held-out documents' numbers in the input (from 0, as the split counts)
+
+
+def recorded_split(out, inputs=None, flag="--heldout"):
+    """The split the prepare_data output `out` recorded (SplitRecord): the held-out documents as
+    its record holds them, the training ones read again from its input (`inputs`, default the one
+    recorded) the same way and known by their keys; the input must still hold every one of them."""
+    manifest = heldout.read_manifest(out, flag)
+    held = list(manifest.heldout_documents())
+    wanted = set(manifest.train_keys().tolist())
+    reading = manifest.parts[0]["reading"]
+    inputs = inputs or reading["input"]
+    options = corpora.ReadOptions(text_field=reading["text_field"], hf_split=reading["hf_split"],
+                                  hf_config=reading["hf_config"], skip_bad_records=reading["skip_bad_records"])
+    sources = corpora.find_sources(inputs, reading["input_format"], exclude=out, options=options)
+    split = corpora.SentenceSplitter()
+    train = {}
+    for doc, _ in CorpusReader(sources, options, max_document_bytes=int(reading["chunk_size_mb"] * 2**20)):
+        key = corpora.document_key(doc) if doc else None
+        if key in wanted and key not in train:
+            train[key] = _one_space(corpora.document_sentences(doc, split))
+    if len(train) < len(wanted):
+        raise PrepareDataError(f"{flag} {out}: its input {' '.join(inputs)} holds {len(train)} of the {len(wanted)} "
+                               f"training documents {manifest.paths[0]} lists (by key); give the corpus that "
+                               "prepare_data read as --input")
+    return RecordedSplit(list(train.values()), [_one_space(d["sentences"]) for d in held],
+                         [d["document"] for d in held])
+
+
+def _one_space(sentences):
+    return [" ".join(s.split()) for s in sentences]
+
+
 # ----------------------------------------------------------------------------- vocab
 
 def train_vocab(files, vocab_size, do_lower_case, path):
