@@ -475,6 +475,12 @@ def test_a_part_removes_only_its_own_shards(data, tmp_path):
     assert os.listdir(out / "validation") == ["parts_part000_test_shard0.hdf5"]
     assert sorted(os.listdir(out / "train")) == ["parts_part000_training_shard0.hdf5",
                                                  "parts_part001_training_shard0.hdf5"]
+    records = sorted(name for part in (0, 1) for name in heldout.manifest_names(part))
+    assert sorted(heldout.manifest_files(str(out))) == records
+    # a run without parts (--overwrite) replaces every shard, and every part's record with its own
+    run(data, out, "--overwrite")
+    assert os.listdir(out / "train") == ["parts_training_shard0.hdf5"] and os.listdir(out / "validation") == []
+    assert sorted(heldout.manifest_files(str(out))) == sorted(heldout.manifest_names())
 
 
 def test_an_output_folder_named_like_a_part_tag_keeps_its_parts_apart(data, tmp_path, capsys):
