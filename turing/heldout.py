@@ -92,10 +92,6 @@ class Manifest:
         return np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.uint64)
 
     @property
-    def train_documents(self):
-        return sum(part["train"]["documents"] for part in self.parts)
-
-    @property
     def paths(self):
         return [part["path"] for part in self.parts]
 
