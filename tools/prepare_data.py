@@ -661,9 +661,12 @@ def _sentences_of(documents, splitter=corpora.SPLITTER):
     return ["\n".join(corpora.document_sentences(doc, split)) for doc in documents]
 
 
-def _worker_context():
-    """Forked workers where the platform can (they inherit the set-up: no re-import), else spawned."""
-    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+def _worker_context(inherited):
+    """(context, descriptors a worker closes): forked workers where the platform can (they inherit
+    the set-up: no re-import, and the descriptors `inherited`), else spawned ones (which inherit no
+    descriptor, so they close none)."""
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if fork else "spawn"), tuple(inherited) if fork else ()
 
 
 def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
@@ -674,7 +677,8 @@ def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
     batches = [sample[i:i + 64] for i in range(0, len(sample), 64)]
     with open(path, "w", encoding="utf-8") as f:
         if workers > 1 and len(batches) > 1:
-            with _worker_context().Pool(workers, end_with_parent, (os.getpid(), tuple(inherited))) as pool:
+            ctx, inherited = _worker_context(inherited)
+            with ctx.Pool(workers, end_with_parent, (os.getpid(), inherited)) as pool:
                 for texts in pool.imap(_sentences_of, batches):
                     f.writelines(t + "\n\n" for t in texts if t)
         else:
@@ -1894,12 +1898,13 @@ class WorkerPool:
     results come back in order. The pipe's only writer is its worker: a worker that dies (the
     out-of-memory killer, a signal), even in the middle of sending, is seen at once and the
     wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
-    waits for its lost task forever.
+    waits for its lost task forever. The other way round, the workers end with the main process
+    (end_with_parent): a SIGKILLed run leaves none behind.
     """
 
     def __init__(self, workers, settings, tokenizer, tokens_by_id, inherited=()):
         """`inherited`: descriptors of the main process that a worker closes (the journal's lock)."""
-        ctx = _worker_context()
+        ctx, inherited = _worker_context(inherited)
         # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
         # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -1911,7 +1916,7 @@ class WorkerPool:
                 results, results_end = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=_worker_main, daemon=True,
                                       args=(tasks, results_end, settings, tokenizer, tokens_by_id, os.getpid(),
-                                            tuple(inherited)))
+                                            inherited))
                 process.start()
                 results_end.close()  # the worker holds the only writing end
                 self.workers.append((process, tasks, results))
