@@ -95,6 +95,11 @@ class BertDatasetProviderInterface:
         is an error before the model is built, not in some later epoch."""
         raise NotImplementedError
 
+    def training_folders(self):
+        """The dataset folders the training shards are read from (the trainer checks its validation
+        set's documents against the record beside them: turing/heldout.py); [] where unknown."""
+        return []
+
     def epoch(self, index, *, start=0, plan=None):
         """The micro batches of epoch `index` for this rank, from micro batch `start` on (an
         EpochBatches: len() and iteration; a context manager that releases the epoch on exit);

@@ -162,6 +162,9 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
             for folder in folders:
                 BingShard(folder)
 
+    def training_folders(self):
+        return sorted({os.path.dirname(f) for folders in self.dataset_folders.values() for f in folders})
+
     def shard_folder(self, dataset_type, index):
         folders = self.dataset_folders[dataset_type]
         return folders[index % len(folders)]

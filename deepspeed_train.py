@@ -40,6 +40,7 @@ from turing.clock import TrainClock
 from turing.distributed import agreed_min, all_ranks, all_reduce, is_collective_failure, setup_process_group
 from turing.errors import InputError, StopTraining
 from turing.flops import bert_training_flops, peak_tflops
+from turing.heldout import warn_if_validation_trained
 from turing.kernel_probe import check_transformer_kernel
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
 from turing.job_config import JobConfig, job_config_of
@@ -191,6 +192,9 @@ def check_run_inputs(cfg, provider):
     validation_set = None
     if cfg.validation_data_path_prefix and not cfg.finetune:
         validation_set = open_validation_set(cfg)
+        if cfg.ranks.is_main:  # with prepare_data's record of its split beside the shards
+            warn_if_validation_trained(provider.training_folders(),
+                                       os.path.join(cfg.validation_data_path_prefix, _validation_path(cfg)))
     path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once

@@ -155,6 +155,9 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
                                       f"{self.grad_accum} gradient accumulation steps: an epoch on this shard "
                                       f"would train 0 steps")
 
+    def training_folders(self):
+        return sorted({os.path.dirname(f) for f in self.files})
+
     def shard_path(self, index):
         return self.files[shard_file_index(index, self.rank, self.world, len(self.files))]
 

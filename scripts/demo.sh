@@ -36,8 +36,8 @@ bash scripts/run_launcher.sh $launcher --num_gpus 1 --master_port "$port" deepsp
 "$PY" -m tools.plot_run "$WORK/out/runs/demo_bert" --output "$WORK/out/demo_loss.png"
 
 # Zero-shot quality, no fine-tuning: minimal pairs (tools/make_minimal_pairs.py) from the documents
-# held out of the pretraining shards (the --validation_fraction of scripts/prepare_demo_data.sh:
-# keep the two in step), scored by pseudo-log-likelihood (tools/eval_mlm.py) with the checkpoint
+# prepare_data held out of the pretraining shards (its record in WORK/nvidia: documents.json,
+# heldout.jsonl), scored by pseudo-log-likelihood (tools/eval_mlm.py) with the checkpoint
 # and with a randomly initialised twin, and the validation set's MLM accuracy beside the unigram
 # baseline; tools/quality_table.py prints them side by side and writes WORK/quality.json.
 # Redone only when the checkpoint is newer than the last scores.
@@ -47,7 +47,7 @@ echo "zero-shot quality of $CKPT, no fine-tuning (4 steps):"
 if [ ! -f "$PAIRS" ]; then
   echo "1/4 making minimal pairs (a held-out sentence and a corrupted twin) from the documents kept out of"
   echo "    training: $PAIRS"
-  "$PY" -m tools.make_minimal_pairs --input "$WORK/corpus.txt" --output "$PAIRS" --validation_fraction 0.05 \
+  "$PY" -m tools.make_minimal_pairs --heldout "$WORK/nvidia" --output "$PAIRS" \
     --vocab_file "$WORK/nvidia/vocab.txt" --pairs_per_kind 250 > /dev/null
 else
   echo "1/4 using the minimal pairs in $PAIRS"

@@ -69,8 +69,8 @@ def test_bench_quality(tmp_path):
     work = tmp_path / "work"
     subprocess.run(["bash", os.path.join(REPO, "scripts", "prepare_demo_data.sh"), str(work)], cwd=REPO, check=True,
                    capture_output=True)
-    subprocess.run([sys.executable, "-m", "tools.make_minimal_pairs", "--input", str(work / "corpus.txt"), "--output",
-                    str(work / "minimal_pairs.jsonl"), "--validation_fraction", "0.05", "--pairs_per_kind", "5"],
+    subprocess.run([sys.executable, "-m", "tools.make_minimal_pairs", "--heldout", str(work / "nvidia"), "--output",
+                    str(work / "minimal_pairs.jsonl"), "--pairs_per_kind", "5"],
                    cwd=REPO, check=True, capture_output=True)
     out = bench(tmp_path, "bench_quality.py", "--work", work, "--recipes", "demo", "--minutes", 0.05,
                 "--output", tmp_path / "quality.jsonl")

@@ -7,7 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from tools import prepare_data
+from tools import corpora, prepare_data
+from turing import heldout
 from turing.tokenization import build_fast_tokenizer, load_vocab
 
 WORDS = ("the cat sat on a mat while dog ran to park with ball and bird sang in tree near house "
@@ -90,6 +91,20 @@ def read_bing(folder):
             tokens = raw.decode().split("\x1f")
         out.append((tokens[:split[i]], tokens[split[i]:], int(is_next[i])))
     return out
+
+
+def shard_text(folder):
+    """The segments of every Bing shard under `folder` as one string, "| tokens of A | tokens of B |"
+    per instance, for `occurs` to search."""
+    return "".join(f"| {' '.join(a)} | {' '.join(b)} |" for shard in sorted(folder.iterdir())
+                   for a, b, _ in read_bing(shard))
+
+
+def occurs(tokens, text):
+    """Whether a sentence's tokens (ending in ".") stand in `text` (shard_text) as a whole sentence:
+    first in a segment or after another sentence's full stop."""
+    sentence = " ".join(tokens)
+    return f"| {sentence} " in text or f". {sentence} " in text
 
 
 # ----------------------------------------------------------------------------- NVIDIA format
@@ -305,6 +320,27 @@ def test_validation_split_takes_that_share_of_documents(data, tmp_path, capsys):
     assert train and valid and not train & valid
 
 
+def test_the_held_out_documents_and_the_training_keys_are_written_beside_the_shards(bing_out, data):
+    """OUT/documents.json, heldout.jsonl and train_document_keys.npy (turing/heldout.py) say which
+    documents went where: the held-out ones as read, none of their sentences in a training shard."""
+    docs = [block.split("\n") for block in data.corpus.read_text().strip("\n").split("\n\n")]
+    assert len(docs) == 60
+    manifest = heldout.read_manifest(str(bing_out))
+    (record,) = manifest.parts
+    assert record["documents_read"] == 60 and record["validation_fraction"] == 0.1
+    assert (record["train"]["documents"], record["validation"]["documents"]) == (54, 6)
+    held = list(manifest.heldout_documents())
+    assert [d["sentences"] for d in held] == [docs[d["document"]] for d in held] and len(held) == 6
+    keys = {corpora.document_key(doc) for doc in docs}
+    assert set(manifest.heldout_keys().tolist()) | set(manifest.train_keys().tolist()) == keys
+    assert manifest.train_keys().tolist() == sorted(keys - set(manifest.heldout_keys().tolist()))
+    tokenizer = build_fast_tokenizer(str(data.vocab))
+    train, validation = shard_text(bing_out / "train"), shard_text(bing_out / "validation")
+    sentences = [tokenizer.encode(s, add_special_tokens=False).tokens for d in held for s in d["sentences"]]
+    assert not [s for s in sentences if occurs(s, train)]
+    assert all(occurs(s, validation) for s in sentences)       # where the search does find them
+
+
 # ----------------------------------------------------------------------------- pieces
 
 def test_word_cache_tokenizer_equals_plain_encoding(data):
@@ -425,6 +461,46 @@ def test_existing_shards_need_overwrite(data, tmp_path, capsys):
     assert "different vocab.txt" in msg
 
 
+def test_a_part_removes_only_its_own_shards(data, tmp_path):
+    """Part 1 run without a validation set leaves part 0's validation shard (the install removed
+    every shard of validation/, no --overwrite given); part 1's own, with --overwrite, goes."""
+    out = tmp_path / "parts"
+    run(data, out, "--num_parts", 2, "--part", 0, "--validation_fraction", 0.1)
+    part0 = (out / "validation" / "parts_part000_test_shard0.hdf5").read_bytes()
+    run(data, out, "--num_parts", 2, "--part", 1)
+    assert os.listdir(out / "validation") == ["parts_part000_test_shard0.hdf5"]
+    assert (out / "validation" / "parts_part000_test_shard0.hdf5").read_bytes() == part0
+    run(data, out, "--num_parts", 2, "--part", 1, "--validation_fraction", 0.1, "--overwrite")
+    run(data, out, "--num_parts", 2, "--part", 1, "--overwrite")
+    assert os.listdir(out / "validation") == ["parts_part000_test_shard0.hdf5"]
+    assert sorted(os.listdir(out / "train")) == ["parts_part000_training_shard0.hdf5",
+                                                 "parts_part001_training_shard0.hdf5"]
+    records = sorted(name for part in (0, 1) for name in heldout.manifest_names(part))
+    assert sorted(heldout.manifest_files(str(out))) == records
+    # a run without parts (--overwrite) replaces every shard, and every part's record with its own
+    run(data, out, "--overwrite")
+    assert os.listdir(out / "train") == ["parts_training_shard0.hdf5"] and os.listdir(out / "validation") == []
+    assert sorted(heldout.manifest_files(str(out))) == sorted(heldout.manifest_names())
+
+
+def test_an_output_folder_named_like_a_part_tag_keeps_its_parts_apart(data, tmp_path, capsys):
+    """OUT named web_part001 (the default prefix): part 0's shard web_part001_part000_... is not
+    part 1's, so part 1 runs without --overwrite, and part 0's shard stays."""
+    out = tmp_path / "web_part001"
+    run(data, out, "--num_parts", 2, "--part", 0)
+    part0 = (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes()
+    run(data, out, "--num_parts", 2, "--part", 1)
+    assert sorted(os.listdir(out / "train")) == ["web_part001_part000_training_shard0.hdf5",
+                                                 "web_part001_part001_training_shard0.hdf5"]
+    assert (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes() == part0
+    argv = ["--input", str(data.corpus), "--output_dir", str(out), "--vocab_file", str(data.vocab),
+            "--max_seq_length", "64", "--num_parts", "2", "--part", "1"]
+    msg = error_of(capsys, argv)
+    assert "already holds shards (train/web_part001_part001_training_shard0.hdf5, ...)" in msg
+    assert prepare_data.main(argv + ["--overwrite"]) == 0
+    assert (out / "train" / "web_part001_part000_training_shard0.hdf5").read_bytes() == part0
+
+
 def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     calls = []
 
@@ -448,7 +524,7 @@ def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     assert prepare_data.main(argv) == 0
     fresh = tmp_path / "fresh"
     assert prepare_data.main([str(fresh) if a == str(out) else a for a in argv]) == 0
-    assert sorted(os.listdir(out)) == ["stats.json", "train", "vocab.txt"]
+    assert sorted(os.listdir(out)) == sorted(["stats.json", "train", "vocab.txt", *heldout.manifest_names()])
     assert (out / "train" / "o_training_shard0.hdf5").read_bytes() == \
         (fresh / "train" / "fresh_training_shard0.hdf5").read_bytes()
 

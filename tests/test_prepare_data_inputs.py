@@ -3,8 +3,10 @@ is not UTF-8, binary files, foreign files where training reads, a worker killed 
 a SIGTERM. Each ends in a warning with counts or one error line, and never in shards that
 training would read wrongly or a temporary folder left behind (the finished chunks stay, for the
 same command to continue from)."""
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +18,7 @@ import pytest
 
 from tests.test_prepare_data import make_corpus, make_vocab
 from tools import prepare_data
+from turing import heldout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,13 +120,16 @@ def big_corpus(tmp_path_factory):
     return folder, parts
 
 
+def workers_argv(vocab, corpus_folder, out):
+    return ["--input", str(corpus_folder), "--output_dir", str(out), "--vocab_file", str(vocab),
+            "--max_seq_length", "64", "--workers", "2", "--chunk_size_mb", "0.01"]
+
+
 def start_with_workers(vocab, corpus_folder, out):
     """prepare_data --workers 2 in a subprocess; returns (process, its worker processes) once
     the workers run."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", "--input", str(corpus_folder),
-                             "--output_dir", str(out), "--vocab_file", str(vocab), "--max_seq_length", "64",
-                             "--workers", "2", "--chunk_size_mb", "0.01"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *workers_argv(vocab, corpus_folder, out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
         workers = psutil.Process(proc.pid).children()
@@ -142,14 +148,14 @@ def finish(proc, workers, timeout=30):
         code = proc.returncode
     except subprocess.TimeoutExpired:
         code, err = None, "still running"
-    running = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    left = running(workers)
     for p in [proc] + workers:
         try:
             p.kill()
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
     proc.wait()
-    return code, err, running
+    return code, err, left
 
 
 def assert_only_finished_chunks_left(out):
@@ -187,6 +193,66 @@ def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_c
     assert "error: stopped by SIGTERM; nothing was written" in err and "Traceback" not in err, err
     assert_only_finished_chunks_left(out)
     assert running == []
+
+
+def running(processes):
+    return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_sigkilled_run_takes_its_workers_along_and_the_same_command_finishes_it(vocab, big_corpus, tmp_path):
+    """SIGKILL of the main process (a lost job, the out-of-memory killer picking it): its workers
+    end with it (they lived on, blocked writing to a pipe nobody read, holding the journal's lock
+    through a descriptor they inherited, so every rerun was refused naming the dead pid), and the
+    same command then finishes with the shards of an uninterrupted run."""
+    folder, _ = big_corpus
+    out = tmp_path / "o"
+    proc, workers = start_with_workers(vocab, folder, out)
+    chunks = out / prepare_data.WORK_DIR / "chunks"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and len(os.listdir(chunks) if chunks.exists() else []) < 4:
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()                                   # not communicate(): a live worker holds its pipes open
+    proc.stdout.close()
+    proc.stderr.close()
+    assert not (out / "train").exists(), "the run ended before it could be killed"
+    deadline = time.time() + 60                   # generous: they end at once, however loaded the machine
+    while running(workers) and time.time() < deadline:
+        time.sleep(0.1)
+    left = running(workers)
+    for worker in left:
+        worker.kill()
+    assert left == [], "the workers outlived the SIGKILLed main process"
+    assert prepare_data.main(workers_argv(vocab, folder, out)) == 0
+    fresh = tmp_path / "fresh"
+    assert prepare_data.main(workers_argv(vocab, folder, fresh) + ["--prefix", "o"]) == 0
+    assert os.listdir(out / "train") == ["o_training_shard0.hdf5"]
+    for name in ["train/o_training_shard0.hdf5", *heldout.manifest_names()]:   # and the record of the split
+        assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
+    assert not (out / prepare_data.WORK_DIR).exists()
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over_with_one_warning(vocab, tmp_path, capsys, caplog):
+    """The lock of a run that is no longer running, still held by a process it left behind (a
+    worker of an older version, or anything that inherited the descriptor), is taken over with a
+    warning; a live holder's is refused as before."""
+    corpus = make_corpus(tmp_path / "c.txt", documents=20)
+    out = tmp_path / "o"
+    argv = ["--input", corpus, "--output_dir", out, "--vocab_file", vocab, "--max_seq_length", 64]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    work = out / prepare_data.WORK_DIR
+    work.mkdir(parents=True)
+    (work / "lock").write_text(f"{os.getpid()} {socket.gethostname()}")
+    with open(work / "lock") as holder:           # held on a descriptor of its own, as an orphan would
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = error_of(capsys, argv)
+        assert f"another prepare_data run (pid {os.getpid()} on {socket.gethostname()}) is writing there" in line
+        (work / "lock").write_text(f"{dead_pid} {socket.gethostname()}")
+        assert prepare_data.main([str(a) for a in argv]) == 0
+    taken = [r.getMessage() for r in caplog.records if "taking it over" in r.getMessage()]
+    assert len(taken) == 1 and f"pid {dead_pid} on {socket.gethostname()}" in taken[0], taken
+    assert os.listdir(out / "train") == ["o_training_shard0.hdf5"] and not work.exists()
 
 
 def test_a_stop_during_vocab_training_is_answered_at_once(tmp_path, monkeypatch):

@@ -1,15 +1,21 @@
-"""Minimal pairs in BLiMP's jsonl layout, made from the held-out documents of a plain-text corpus,
-for tools/eval_mlm.py.
+"""Minimal pairs in BLiMP's jsonl layout, made from the documents tools/prepare_data.py held out of
+its pretraining shards, for tools/eval_mlm.py.
 
-    python -m tools.make_minimal_pairs --input CORPUS --output FILE.jsonl [--seed 0] \
+    python -m tools.make_minimal_pairs --heldout OUT --output FILE.jsonl [--input CORPUS] [--seed 0] \
         [--pairs_per_kind 250] [--kinds swap shuffle repeat replace] [--vocab_file VOCAB] \
-        [--dev_fraction 0.2 | --validation_fraction F] [--min_words 6] [--max_words 20] [--overwrite]
+        [--min_words 6] [--max_words 20] [--overwrite]
 
-CORPUS: one sentence per line, a blank line between documents (the format of
-tools/prepare_data.py). Each line of FILE.jsonl is a pair, `sentence_good` (a sentence of a
-held-out document, as written) and `sentence_bad` (the same sentence corrupted), with `UID` = the
-kind of corruption, `pairID` (its number within the kind), `linguistics_term` (the kind in words,
-as BLiMP's field), `lexically_identical` (the same words in both) and `document` (the document's number in the corpus, from 0, as the split counts them):
+OUT: a tools/prepare_data.py --output_dir made with --validation_fraction. Its record of the split
+(OUT/documents.json and OUT/heldout.jsonl, turing/heldout.py) holds the documents it kept out of
+the training shards, as it read them: the pairs are made from their sentences, so the checkpoint
+never trained on them (the demo's data holds out 5%). The training documents, for the word
+frequencies of `replace` and to leave out a held-out sentence that also occurs in one of them,
+are read again from the input the record names (--input when it has moved) and known by their
+keys; an input that lacks some of them is refused. Each line of FILE.jsonl is a pair,
+`sentence_good` (a sentence of a held-out document, as written) and `sentence_bad` (the same
+sentence corrupted), with `UID` = the kind of corruption, `pairID` (its number within the kind),
+`linguistics_term` (the kind in words, as BLiMP's field), `lexically_identical` (the same words in
+both) and `document` (the document's number in the input, from 0, as prepare_data's split counts):
 
 - swap:    two adjacent inner words swapped;
 - shuffle: the inner words put in another random order;
@@ -26,13 +32,11 @@ sentence would lose on length alone (a randomly initialised model would "pass").
 keep the very tokens; with --vocab_file, repeat and replace keep the WordPiece count too (the
 words moved in have as many pieces as those they replace, lower-cased as the demo's tokenizer).
 
-Held out means: the documents the probe suite (tools/make_probe_tasks.py) keeps for dev, the same
-split function with the same --seed and --dev_fraction (default); or, with
---validation_fraction F, the documents tools/prepare_data.py holds out of the pretraining shards
-made with the same --validation_fraction (so text the checkpoint never trained on; the demo's
-data uses 0.05). A held-out sentence that also occurs in a training document is left out, and each
-sentence is used at most once per kind. The output is a function of the corpus, the flags and
---seed. An existing FILE is refused unless --overwrite (which says what it replaces).
+The tool never splits a corpus itself (a split made again drifts from prepare_data's: another
+layout beside the text, another --chunk_size_mb): the old --input CORPUS --validation_fraction F
+and --dev_fraction forms are refused with a line naming --heldout. Each sentence is used at most
+once per kind. The output is a function of OUT's record, the input, the flags and --seed. An
+existing FILE is refused unless --overwrite (which says what it replaces).
 """
 import argparse
 import json
@@ -45,9 +49,7 @@ from collections import Counter
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tools.make_probe_tasks import split_documents
-from tools.prepare_data import DocumentReader, is_validation_document, list_input_files
-from tools.prepare_data import build_parser as prepare_data_parser
+from tools.prepare_data import recorded_split
 from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger(__name__)
@@ -63,50 +65,35 @@ class MinimalPairsError(ValueError):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Make minimal pairs (BLiMP's jsonl layout) from the held-out "
-                                            "documents of a text corpus.")
-    p.add_argument("--input", required=True, help="corpus: one sentence per line, blank line between documents "
-                                                   "(a file, or a folder of .txt files)")
+    p = argparse.ArgumentParser(description="Make minimal pairs (BLiMP's jsonl layout) from the documents "
+                                            "tools/prepare_data.py held out of its pretraining shards.")
+    p.add_argument("--heldout", metavar="OUT", default=None,
+                   help="a tools/prepare_data.py --output_dir: the pairs come from the documents it held out "
+                        "(its documents.json and heldout.jsonl)")
+    p.add_argument("--input", nargs="+", default=None,
+                   help="the corpus prepare_data read, where it is now (default: the input OUT's record names); "
+                        "its training documents give the word frequencies")
     p.add_argument("--output", required=True, help="the .jsonl file to write")
-    p.add_argument("--seed", type=int, default=0, help="seed of the corruptions and of the probe-suite split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the corruptions")
     p.add_argument("--pairs_per_kind", type=int, default=250, help="pairs of each kind (at most)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kinds of corruption")
     p.add_argument("--vocab_file", default=None,
                    help="vocab.txt: repeat and replace then keep the WordPiece count of the sentence")
-    split = p.add_mutually_exclusive_group()
-    split.add_argument("--dev_fraction", type=float, default=0.2,
-                       help="the probe suite's split: share of the documents held out (default 0.2)")
-    split.add_argument("--validation_fraction", type=float, default=None,
-                       help="tools/prepare_data.py's split instead: the documents it held out of the "
-                            "pretraining shards with this --validation_fraction")
     p.add_argument("--min_words", type=int, default=6, help="shortest sentence used, in words")
     p.add_argument("--max_words", type=int, default=20, help="longest sentence used, in words")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    # the forms that split the corpus here, refused in one line (see SPLIT_AGAIN)
+    p.add_argument("--validation_fraction", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--dev_fraction", default=None, help=argparse.SUPPRESS)
     return p
 
 
-# ---------------------------------------------------------------------------------------------
-# The held-out documents
-
-
-def probe_split(files, dev_fraction, seed):
-    """(train docs, held-out docs, held-out document numbers): make_probe_tasks' reading and split."""
-    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files)]
-    docs = [doc for doc in docs if doc]
-    numbered = [(i, doc) for i, doc in enumerate(docs)]
-    # split_documents shuffles indices: split the numbers alongside, with the same generator state
-    train, dev = split_documents(numbered, dev_fraction, random.Random(seed))
-    return [d for _, d in train], [d for _, d in dev], [i for i, _ in dev]
-
-
-def pretraining_split(files, validation_fraction):
-    """The same, as tools/prepare_data.py splits its documents (cut at its --chunk_size_mb)."""
-    chunk_mb = prepare_data_parser().get_default("chunk_size_mb")
-    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files, int(chunk_mb * 2**20))]
-    docs = [doc for doc in docs if doc]
-    held = [is_validation_document(i, validation_fraction) for i in range(len(docs))]
-    return ([d for d, h in zip(docs, held) if not h], [d for d, h in zip(docs, held) if h],
-            [i for i, h in enumerate(held) if h])
+SPLIT_AGAIN = {
+    "validation_fraction": "make_minimal_pairs no longer splits the corpus again (that split drifted from "
+                           "prepare_data's with another layout beside the text or another --chunk_size_mb, and "
+                           "its held-out sentences were training sentences)",
+    "dev_fraction": "the probe suite's dev documents are not held out of the pretraining shards",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,45 +237,54 @@ def write_jsonl(path, records, overwrite):
     os.replace(tmp, path)
 
 
-def make_minimal_pairs(input_path, output, seed=0, pairs_per_kind=250, kinds=KINDS, vocab_file=None,
-                       dev_fraction=0.2, validation_fraction=None, min_words=6, max_words=20, overwrite=False):
-    """Write the pairs; returns {kind: count}."""
+def make_minimal_pairs(heldout, output, seed=0, pairs_per_kind=250, kinds=KINDS, vocab_file=None, min_words=6,
+                       max_words=20, overwrite=False, inputs=None):
+    """Write the pairs from the held-out documents of the prepare_data output `heldout`; returns
+    {kind: count}."""
     if pairs_per_kind < 1:
         raise MinimalPairsError(f"--pairs_per_kind {pairs_per_kind}: must be at least 1")
     if min_words < 4 or max_words < min_words:
         raise MinimalPairsError(f"--min_words {min_words} / --max_words {max_words}: need 4 <= min_words <= max_words")
-    if validation_fraction is not None and not 0 < validation_fraction < 1:
-        raise MinimalPairsError(f"--validation_fraction {validation_fraction}: must be between 0 and 1")
-    if not 0 < dev_fraction < 1:
-        raise MinimalPairsError(f"--dev_fraction {dev_fraction}: must be between 0 and 1")
     if os.path.exists(output) and not overwrite:  # before any work
         raise MinimalPairsError(f"--output {output} exists; pass --overwrite to replace it, or give another file")
-    files = list_input_files([input_path])
-    if validation_fraction is not None:
-        train_docs, held_docs, numbers = pretraining_split(files, validation_fraction)
-    else:
-        train_docs, held_docs, numbers = probe_split(files, dev_fraction, seed)
+    split = recorded_split(heldout, inputs)
+    train_docs, held_docs, numbers = split.train, split.heldout, split.numbers
     if not held_docs:
-        raise MinimalPairsError(f"--input {input_path}: no document is held out; use a bigger corpus or a larger "
-                                "--validation_fraction")
+        raise MinimalPairsError(f"--heldout {heldout}: prepare_data held no document out (it ran without "
+                                "--validation_fraction, or with one too small for the corpus)")
     tokenizer = BertTokenizer(vocab_file) if vocab_file else None
     seen = {s for doc in train_docs for s in doc}
     records = make_pairs(held_docs, numbers, Context(train_docs, tokenizer, seed), kinds, pairs_per_kind, seed,
                          min_words, max_words, seen)
     if not records:
-        raise MinimalPairsError(f"--input {input_path}: no pair could be made from the held-out documents; "
-                                "use a bigger corpus or other --min_words/--max_words")
+        raise MinimalPairsError(f"--heldout {heldout}: no pair could be made from the held-out documents; use a "
+                                "bigger corpus, a larger --validation_fraction or other --min_words/--max_words")
     write_jsonl(output, records, overwrite)
     return dict(Counter(r["UID"] for r in records))
+
+
+def refused_form(args):
+    """The one-line error of a command line that asks for a split made here, or lacks --heldout."""
+    for flag, why in SPLIT_AGAIN.items():
+        if getattr(args, flag) is not None:
+            return (f"--{flag}: {why}; give --heldout OUT, the tools/prepare_data.py --output_dir whose held-out "
+                    "documents to use (it records them)")
+    if args.heldout is None:
+        return ("--heldout OUT is needed: the tools/prepare_data.py --output_dir (made with --validation_fraction) "
+                "whose held-out documents the pairs are made from")
+    return None
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    refused = refused_form(args)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     try:
-        counts = make_minimal_pairs(args.input, args.output, args.seed, args.pairs_per_kind, args.kinds,
-                                    args.vocab_file, args.dev_fraction, args.validation_fraction, args.min_words,
-                                    args.max_words, args.overwrite)
+        counts = make_minimal_pairs(args.heldout, args.output, args.seed, args.pairs_per_kind, args.kinds,
+                                    args.vocab_file, args.min_words, args.max_words, args.overwrite, args.input)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

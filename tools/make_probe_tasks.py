@@ -1,7 +1,7 @@
 """An offline probe suite in the GLUE layout, made from any plain-text corpus.
 
     python -m tools.make_probe_tasks --input CORPUS --output_dir DIR [--seed 0] \
-        [--train_size 2000] [--dev_size 500] [--dev_fraction 0.2] [--overwrite]
+        [--train_size 2000] [--dev_size 500] [--dev_fraction 0.2 | --heldout OUT] [--overwrite]
 
 CORPUS: one sentence per line, a blank line between documents (the format of
 tools/prepare_data.py; the demo corpus of tools/make_demo_corpus.py is one). DIR gets three
@@ -21,7 +21,12 @@ capital letter or full stop gives a swap away. Labels are balanced in every file
 
 Documents are split between train and dev (a seeded --dev_fraction of them go to dev), and a
 dev sentence that also occurs in a training document is left out, so no dev sentence is seen
-in training. The output is a function of the corpus and --seed.
+in training. The output is a function of the corpus and --seed. That split is the probe suite's
+own: its dev documents may be in a checkpoint's pretraining data. With --heldout OUT (a
+tools/prepare_data.py --output_dir) there is no split here: the dev examples come from the
+documents prepare_data held out of its pretraining shards (its record, turing/heldout.py), the
+training examples from its training documents, read again from its input (--input when that
+has moved), so no dev sentence was pretrained on either.
 
 DIR must be empty or new; with --overwrite the three task folders in it are replaced (and named
 in a warning), other files are left. Every example is made before anything is written, and the
@@ -39,7 +44,7 @@ import tempfile
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tools.prepare_data import DocumentReader, list_input_files
+from tools.prepare_data import DocumentReader, list_input_files, recorded_split
 from turing.glue import PROBE_LABELS, TASKS
 from turing.outputs import earlier_output
 
@@ -55,13 +60,17 @@ STAGING_PREFIX = ".make_probe_tasks."  # the folder new tasks are written in bef
 
 def build_parser():
     p = argparse.ArgumentParser(description="Make the offline probe tasks (GLUE layout) from a text corpus.")
-    p.add_argument("--input", required=True, help="corpus: one sentence per line, blank line between documents "
-                                                   "(a file, or a folder of .txt files)")
+    p.add_argument("--input", default=None, help="corpus: one sentence per line, blank line between documents "
+                                                  "(a file, or a folder of .txt files); with --heldout, the corpus "
+                                                  "prepare_data read, where it is now (default: the one OUT records)")
     p.add_argument("--output_dir", required=True, help="folder for probe_swap/, probe_samedoc/, probe_order/")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train_size", type=int, default=2000, help="training examples per task (at most)")
     p.add_argument("--dev_size", type=int, default=500, help="dev examples per task (at most)")
     p.add_argument("--dev_fraction", type=float, default=0.2, help="share of the documents that go to dev")
+    p.add_argument("--heldout", metavar="OUT", default=None,
+                   help="a tools/prepare_data.py --output_dir: dev from the documents it held out of its pretraining "
+                        "shards, train from its training documents (instead of a --dev_fraction split)")
     p.add_argument("--min_words", type=int, default=6, help="shortest sentence used, in words")
     p.add_argument("--max_words", type=int, default=40, help="longest sentence used, in words")
     p.add_argument("--overwrite", action="store_true",
@@ -211,20 +220,28 @@ def install_tasks(output_dir, tasks):
 
 
 def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=500, dev_fraction=0.2,
-                     min_words=6, max_words=40, overwrite=False):
-    """Write the three probe tasks; returns {task: {"train": n, "dev": n}}."""
+                     min_words=6, max_words=40, overwrite=False, heldout=None):
+    """Write the three probe tasks; returns {task: {"train": n, "dev": n}}. `heldout`: a prepare_data
+    output whose recorded split gives the dev and training documents."""
     if not 0 < dev_fraction < 1:
         raise ProbeError(f"--dev_fraction {dev_fraction}: must be between 0 and 1")
     if min(train_size, dev_size) < 2:
         raise ProbeError("--train_size and --dev_size must be at least 2")
     if min_words < 3 or max_words < min_words:
         raise ProbeError(f"--min_words {min_words} / --max_words {max_words}: need 3 <= min_words <= max_words")
+    if input_path is None and heldout is None:
+        raise ProbeError("give --input CORPUS, or --heldout OUT (a tools/prepare_data.py --output_dir)")
     present = check_output_dir(output_dir, overwrite)
-    files = list_input_files([input_path])
     # Whitespace runs (tabs too) become one space: no tab or line break inside a TSV field.
-    docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(files)]
-    docs = [doc for doc in docs if doc]
-    train_docs, dev_docs = split_documents(docs, dev_fraction, random.Random(seed))
+    if heldout is not None:
+        recorded = recorded_split(heldout, [input_path] if input_path else None)
+        train_docs, dev_docs = recorded.train, recorded.heldout
+        if len(dev_docs) < 2:
+            raise ProbeError(f"--heldout {heldout}: prepare_data held out {len(dev_docs)} document(s); the probe "
+                             "tasks need at least 2 (a larger --validation_fraction)")
+    else:
+        docs = [[" ".join(s.split()) for s in doc] for doc, _ in DocumentReader(list_input_files([input_path]))]
+        train_docs, dev_docs = split_documents([doc for doc in docs if doc], dev_fraction, random.Random(seed))
     seen = {s for doc in train_docs for s in doc}
 
     def usable(doc, leave_out=()):
@@ -238,6 +255,7 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
                 run = []
         return runs + [run] if run else runs
 
+    source = f"--heldout {heldout}" if heldout is not None else f"--input {input_path}"
     splits = {"train": ([usable(d) for d in train_docs], train_size),
               "dev": ([usable(d, seen) for d in dev_docs], dev_size)}
     tasks = {}
@@ -247,7 +265,7 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
             # One generator per task and split (str seeds hash deterministically).
             examples = make(split_docs, size, random.Random(f"{seed}/{name}/{split}"))
             if not examples:
-                raise ProbeError(f"--input {input_path}: too little text for {name} ({split}); use a bigger corpus "
+                raise ProbeError(f"{source}: too little text for {name} ({split}); use a bigger corpus "
                                  f"or lower --min_words")
             tasks[name][split] = examples
             if len(examples) < size - 1:
@@ -268,7 +286,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         counts = make_probe_tasks(args.input, args.output_dir, args.seed, args.train_size, args.dev_size,
-                                  args.dev_fraction, args.min_words, args.max_words, args.overwrite)
+                                  args.dev_fraction, args.min_words, args.max_words, args.overwrite, args.heldout)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

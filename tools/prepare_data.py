@@ -23,6 +23,10 @@ Output folder:
         shard_{i:03d}/                     --format bing
     OUT/validation/                        the same for --validation_fraction > 0
         {prefix}_test_shard{i}.hdf5 | shard_{i:03d}/
+    OUT/documents.json, OUT/heldout.jsonl, OUT/train_document_keys.npy
+                                           which documents were held out (as read) and the training
+                                           documents' keys (turing/heldout.py): the split's one record,
+                                           which every later stage reads (with parts: one per part)
 
 Pipeline. Documents are read in order and grouped into chunks of about --chunk_size_mb of text
 (the training and validation documents separately). Each chunk is one unit of work for a pool
@@ -42,7 +46,9 @@ train/ and validation/ end up holding only this run's shards: anything else ther
 Resuming. Every finished chunk is kept in OUT/.prepare_data.work (with the settings and a
 fingerprint of the input and vocab) until the run ends; the same command after a kill, a
 crash or a signal reuses them and writes the shards an uninterrupted run would have written.
-Other settings or a changed input are refused, or started afresh with --overwrite.
+Other settings or a changed input are refused, or started afresh with --overwrite. The workers
+end with the main process however it ends (SIGKILL too) and never hold the journal's lock; a
+lock left held after its run ended is taken over with a warning.
 
 Parts. --num_parts N --part K makes machine K's share: the documents whose hash is K mod N
 (duplicates land in the same part), written as shards named by part, so the parts written into
@@ -58,7 +64,9 @@ masks at load time); is_next.npy is 1 when B is a random sentence (the Bing form
 as NVIDIA's next_sentence_labels), 0 when B really follows A.
 """
 import argparse
+import array
 import collections
+import ctypes
 import fcntl
 import filecmp
 import functools
@@ -76,6 +84,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -94,6 +103,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools import corpora
+from turing import heldout
 from turing.formats import BING_SEPARATOR, HDF5_DTYPES, HDF5_KEYS
 from turing.signals import StopRequested, StopSignals
 from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, load_vocab, special_token_ids, vocab_size
@@ -102,8 +112,13 @@ logger = logging.getLogger(__name__)
 
 TRAIN, VALIDATION = "train", "validation"
 SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5$")
+# A shard's part tag where it stands: first in a Bing shard's name, right before "training"/"test"
+# in an NVIDIA one (never inside the prefix, which may hold "_part001_" itself: OUT's name).
+SHARD_PART = re.compile(r"^(part\d+_)shard_\d+$|_(part\d+_)(?:training|test)_shard\d+\.hdf5$")
 WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
 PROGRESS_SECONDS = 30                 # a plain progress line this often when stderr is not a terminal
+PARENT_POLL_SECONDS = 1               # a worker checks this often that the main process still runs
+PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>: a signal the kernel sends when the parent ends
 HDF5_CHUNK_BYTES = 1 << 18            # ~256 KB per hdf5 chunk: good gzip ratio, small reads
 HDF5_GZIP_LEVEL = 4                   # h5py's (and so NVIDIA's) compression="gzip" level
 
@@ -435,8 +450,8 @@ class DocumentFilter:
         self.seen = set()              # 64-bit keys: ~70 bytes of memory per document kept
         self.read = self.duplicates = self.other_parts = 0
 
-    def __call__(self, document):
-        key = corpora.document_key(document)
+    def __call__(self, key):
+        """Whether to keep the document of corpora.document_key `key`."""
         if self.num_parts > 1 and key % self.num_parts != self.part:
             self.other_parts += 1
             return False
@@ -457,12 +472,13 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers. `keep`
-    (a DocumentFilter) decides which documents are kept.
+    (a DocumentFilter) decides which documents are kept; `record(set name, document number,
+    key, document)` (a SplitRecord) is told where each kept one goes.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
@@ -476,8 +492,11 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
         # held-out documents, split by the same rule, stay the validation set's)
         name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
         index += 1
-        if keep is not None and not keep(doc):
+        key = corpora.document_key(doc)
+        if keep is not None and not keep(key):
             continue
+        if record is not None:
+            record(name, index - 1, key, doc)
         entry = pending[name]
         entry[0].append(doc)
         entry[1] += corpora.document_size(doc)
@@ -489,6 +508,105 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None):
         if docs:
             yield name, chunk_index, docs, consumed
             consumed = 0
+
+
+class SplitRecord:
+    """Which documents went to which set, written beside the shards for every later stage to read
+    (turing/heldout.py's files): the held-out documents as read, their sentences split as the
+    workers split them, and the training documents' keys. Made in the main process as documents
+    are dealt (so a resumed run, which reads its input again, makes it again whole), written in
+    the temporary folder and renamed into place with the shards; the shards never depend on it."""
+
+    def __init__(self, tmp, part=None):
+        self.tmp = tmp
+        self.names = heldout.manifest_names(part)
+        self.heldout = open(os.path.join(tmp, self.names[1]), "w", encoding="utf-8")
+        self.train_keys = array.array("Q")          # 8 bytes a training document
+        self.validation_documents = 0
+        self.split = corpora.SentenceSplitter()     # the workers' (loaded only for a layout that needs it)
+
+    def __call__(self, name, number, key, document):
+        if name == TRAIN:
+            self.train_keys.append(key)
+            return
+        sentences = corpora.document_sentences(document, self.split)
+        self.heldout.write(json.dumps({"document": number, "key": key, "sentences": sentences}) + "\n")
+        self.validation_documents += 1
+
+    def finish(self, args, documents_read):
+        """Write documents.json and the training keys (the held-out documents are written already)."""
+        self.heldout.close()
+        documents, heldout_file, keys_file = self.names
+        np.save(os.path.join(self.tmp, keys_file), np.sort(np.frombuffer(self.train_keys, dtype=np.uint64)))
+        reading = {k: getattr(args, k) for k in ("input_format", "text_field", "hf_split", "hf_config",
+                                                  "skip_bad_records", "chunk_size_mb", "keep_duplicates")}
+        inputs = [os.path.abspath(p) if os.path.exists(p) else p for p in args.input]
+        record = {
+            "split": "the documents read are numbered in input order from 0 (every one: kept, a duplicate or "
+                     "another part's); document i is held out when floor((i + 1) * validation_fraction) > "
+                     "floor(i * validation_fraction)",
+            "validation_fraction": args.validation_fraction, "documents_read": documents_read,
+            "num_parts": args.num_parts, "part": args.part if args.num_parts > 1 else None,
+            "train": {"documents": len(self.train_keys), "keys": keys_file},
+            "validation": {"documents": self.validation_documents, "documents_file": heldout_file},
+            "key": "tools.corpora.document_key: blake2b (8 bytes, little-endian) of the text case-folded, "
+                   "whitespace collapsed",
+            "reading": {"input": inputs, **reading},
+        }
+        with open(os.path.join(self.tmp, documents), "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+
+    def install(self, out, parts):
+        """Rename the files into OUT; a run without parts, which replaced every shard, removes every
+        part's record too (a part's own files are replaced by the rename)."""
+        if not parts:
+            for name in heldout.manifest_files(out):
+                if name not in self.names:
+                    os.remove(os.path.join(out, name))
+        for name in self.names:
+            os.replace(os.path.join(self.tmp, name), os.path.join(out, name))
+
+    def close(self):
+        self.heldout.close()
+
+
+@dataclass
+class RecordedSplit:
+    """The documents of a prepare_data output by its record, in input order, each a list of
+    sentences (whitespace runs made one space)."""
+    train: list
+    heldout: list
+    numbers: list          # the held-out documents' numbers in the input (from 0, as the split counts)
+
+
+def recorded_split(out, inputs=None, flag="--heldout"):
+    """The split the prepare_data output `out` recorded (SplitRecord): the held-out documents as
+    its record holds them, the training ones read again from its input (`inputs`, default the one
+    recorded) the same way and known by their keys; the input must still hold every one of them."""
+    manifest = heldout.read_manifest(out, flag)
+    held = list(manifest.heldout_documents())
+    wanted = set(manifest.train_keys().tolist())
+    reading = manifest.parts[0]["reading"]
+    inputs = inputs or reading["input"]
+    options = corpora.ReadOptions(text_field=reading["text_field"], hf_split=reading["hf_split"],
+                                  hf_config=reading["hf_config"], skip_bad_records=reading["skip_bad_records"])
+    sources = corpora.find_sources(inputs, reading["input_format"], exclude=out, options=options)
+    split = corpora.SentenceSplitter()
+    train = {}
+    for doc, _ in CorpusReader(sources, options, max_document_bytes=int(reading["chunk_size_mb"] * 2**20)):
+        key = corpora.document_key(doc) if doc else None
+        if key in wanted and key not in train:
+            train[key] = _one_space(corpora.document_sentences(doc, split))
+    if len(train) < len(wanted):
+        raise PrepareDataError(f"{flag} {out}: its input {' '.join(inputs)} holds {len(train)} of the {len(wanted)} "
+                               f"training documents {manifest.paths[0]} lists (by key); give the corpus that "
+                               "prepare_data read as --input")
+    return RecordedSplit(list(train.values()), [_one_space(d["sentences"]) for d in held],
+                         [d["document"] for d in held])
+
+
+def _one_space(sentences):
+    return [" ".join(s.split()) for s in sentences]
 
 
 # ----------------------------------------------------------------------------- vocab
@@ -543,15 +661,24 @@ def _sentences_of(documents, splitter=corpora.SPLITTER):
     return ["\n".join(corpora.document_sentences(doc, split)) for doc in documents]
 
 
-def write_vocab_sample(reader, path, budget, seed, workers):
+def _worker_context(inherited):
+    """(context, descriptors a worker closes): forked workers where the platform can (they inherit
+    the set-up: no re-import, and the descriptors `inherited`), else spawned ones (which inherit no
+    descriptor, so they close none)."""
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if fork else "spawn"), tuple(inherited) if fork else ()
+
+
+def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
     """Write the sample `train_vocab` reads for a large or non-text corpus, one sentence per line:
-    documents sampled by `sample_documents`, markup removed and split in `workers` processes."""
+    documents sampled by `sample_documents`, markup removed and split in `workers` processes
+    (which close the descriptors `inherited` and end with this process: end_with_parent)."""
     sample = sample_documents(reader, budget, seed)
     batches = [sample[i:i + 64] for i in range(0, len(sample), 64)]
     with open(path, "w", encoding="utf-8") as f:
         if workers > 1 and len(batches) > 1:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            with ctx.Pool(workers) as pool:
+            ctx, inherited = _worker_context(inherited)
+            with ctx.Pool(workers, end_with_parent, (os.getpid(), inherited)) as pool:
                 for texts in pool.imap(_sentences_of, batches):
                     f.writelines(t + "\n\n" for t in texts if t)
         else:
@@ -1003,9 +1130,30 @@ def load_chunk(path):
         return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
 
 
-def _worker_main(tasks, results, settings, tokenizer, tokens_by_id):
+def end_with_parent(parent, inherited=()):
+    """In a worker process (forked): let go of the descriptors `inherited` that only the main
+    process may hold (the journal's lock: a worker holding it keeps the lock after the main process
+    is gone), and end when the main process `parent` ends, however it ends (SIGKILL too): the
+    kernel's parent-death signal on Linux, and everywhere a thread that sees the parent change
+    (an orphan is adopted by another process)."""
+    for fd in inherited:
+        os.close(fd)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent):
+    while os.getppid() == parent:   # checked first at once: the parent may have ended before the prctl
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _worker_main(tasks, results, settings, tokenizer, tokens_by_id, parent, inherited):
     """A pool worker: runs the tasks from `tasks` (a queue; None ends; see ChunkProcessor.run) and
-    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception)."""
+    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception);
+    it ends with the main process `parent` (see end_with_parent)."""
+    end_with_parent(parent, inherited)
     # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
     # stops the workers and removes its temporary folder.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1256,7 +1404,13 @@ def existing_shards(folder, part_tag=None):
     if not os.path.isdir(folder):
         return []
     return sorted(name for name in os.listdir(folder) if SHARD_NAME.search(name)
-                  and (part_tag is None or name.startswith(part_tag) or f"_{part_tag}" in name))
+                  and (part_tag is None or shard_part_tag(name) == part_tag))
+
+
+def shard_part_tag(name):
+    """The part tag of a shard name ("part003_"), "" for a shard of a run without parts."""
+    match = SHARD_PART.search(name)
+    return match.group(1) or match.group(2) if match else ""
 
 
 def remove_shards(folder, part_tag=None):
@@ -1306,7 +1460,9 @@ class Journal:
 
     It outlives a run that did not finish (a signal, SIGKILL, a crash), so that the same command
     continues from the chunks done; a run that finishes removes it. One run at a time holds it
-    (an flock, which the operating system drops however the holder ends).
+    (an flock, which the operating system drops however the holder ends; the workers close their
+    copy of its descriptor). The lock file names the holder ("PID HOST"): a lock still held although
+    its holder on this host is gone (by a process that inherited the descriptor) is taken over.
     """
 
     def __init__(self, out, part_suffix=""):
@@ -1327,20 +1483,7 @@ class Journal:
     def open(self, fingerprint, overwrite):
         """Lock the journal and start or continue it; returns the number of chunks already done."""
         os.makedirs(self.folder, exist_ok=True)
-        self._lock = open(os.path.join(self.folder, "lock"), "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "?"
-            self._lock.close()
-            self._lock = None
-            raise PrepareDataError(f"{self.folder}: another prepare_data run (pid {holder}) is writing there; "
-                                   "wait for it to end") from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(str(os.getpid()))
-        self._lock.flush()
+        self._lock = self._take_lock(os.path.join(self.folder, "lock"))
         previous = self.previous()
         if previous is not None and previous != fingerprint:
             if not overwrite:
@@ -1362,6 +1505,40 @@ class Journal:
         os.makedirs(self.chunks, exist_ok=True)
         return len(self.done_chunks())
 
+    def _take_lock(self, path):
+        """The lock file, locked, naming this run; a live holder's lock is refused."""
+        for _ in range(3):
+            f = open(path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip()
+                pid, _, host = holder.partition(" ")
+                if not (pid.isdigit() and host == socket.gethostname() and not _running(int(pid))):
+                    f.close()
+                    raise PrepareDataError(f"{self.folder}: another prepare_data run (pid {pid or '?'}"
+                                           f"{' on ' + host if host else ''}) is writing there; wait for it to "
+                                           "end") from None
+                logger.warning("%s: its lock names prepare_data run pid %s on %s, which is no longer running "
+                               "(a process it started still holds the lock); taking it over", self.folder, pid, host)
+                if _same_inode(f, path):
+                    os.remove(path)   # the orphan keeps its lock on a file no run opens again
+                f.close()
+                continue
+            if _same_inode(f, path):  # not replaced meanwhile by another run taking the lock over
+                f.seek(0)
+                f.truncate()
+                f.write(f"{os.getpid()} {socket.gethostname()}")
+                f.flush()
+                return f
+            f.close()
+        raise PrepareDataError(f"{self.folder}: could not lock {path}: other runs keep replacing it")
+
+    def descriptors(self):
+        """What a worker process must not hold: the lock's descriptor (a forked worker has it)."""
+        return (self._lock.fileno(),) if self._lock is not None else ()
+
     def done_chunks(self):
         return [n for n in os.listdir(self.chunks) if n.endswith(".npz") and ".tmp" not in n] \
             if os.path.isdir(self.chunks) else []
@@ -1380,6 +1557,23 @@ class Journal:
             self._lock.close()
             self._lock = None
         return kept
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+def _same_inode(f, path):
+    try:
+        return os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _difference(previous, now):
@@ -1489,7 +1683,7 @@ def prepare(args, signals=None):
     if done:
         logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
     tmp = journal.tmp
-    pool = deflater = None
+    pool = deflater = record = None
     shard_sets = {}
     finished = False
     try:
@@ -1509,7 +1703,7 @@ def prepare(args, signals=None):
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
         if args.workers > 1:
-            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id)
+            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id, journal.descriptors())
         processor = None if pool else ChunkProcessor(settings, tokenizer, tokens_by_id)
         # Threads that deflate hdf5 chunks (zlib releases the GIL), beside the workers.
         deflater = ThreadPoolExecutor(max(2, args.workers), thread_name_prefix="deflate")
@@ -1525,8 +1719,10 @@ def prepare(args, signals=None):
 
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
+        record = SplitRecord(tmp, args.part if parts else None)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
-                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction, keep))
+                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction,
+                                                               keep, record))
         _collect(_ordered_results(chunks, pool, processor, args.workers, summary.input_bytes, signals.check),
                  summary, shard_sets)
         if pool:
@@ -1537,7 +1733,8 @@ def prepare(args, signals=None):
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
-        _install(out, tmp, vocab_file, shard_sets)
+        record.finish(args, keep.read + keep.other_parts)
+        _install(out, tmp, vocab_file, shard_sets, part_tag, record)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = _peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = _peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
@@ -1551,6 +1748,8 @@ def prepare(args, signals=None):
             deflater.shutdown(cancel_futures=True)
         for shard_set in shard_sets.values():
             shard_set.close()
+        if record:
+            record.close()
         kept = journal.close(finished)
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
@@ -1612,7 +1811,7 @@ def build_vocab(args, sources, options, journal, signals):
     else:
         sample = os.path.join(journal.tmp, "vocab_sample.txt")
         reader = CorpusReader(sources, options, max_document_bytes=int(args.chunk_size_mb * 2**20))
-        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers)
+        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers, journal.descriptors())
         logger.info("training the vocab on a sample of %d documents (%.1f MB of text)", n, size / 1e6)
         files = [sample]
     tmp = journal.vocab + ".tmp"
@@ -1673,15 +1872,17 @@ def unk_cause(tokens_by_id, do_lower_case):
             "(--vocab_file; --build_vocab trains one on this corpus)")
 
 
-def _install(out, tmp, vocab_file, shard_sets):
-    """Everything is complete: move the vocab and the shards from `tmp` into place."""
+def _install(out, tmp, vocab_file, shard_sets, part_tag, record):
+    """Everything is complete: move the vocab, the shards and the record of the split from `tmp`
+    into place (with parts, only this part's shards are replaced)."""
     if not _same_file(vocab_file, os.path.join(out, "vocab.txt")):
         shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt.final"))
         os.replace(os.path.join(tmp, "vocab.txt.final"), os.path.join(out, "vocab.txt"))
     for shard_set in shard_sets.values():
         shard_set.install()
-    if VALIDATION not in shard_sets:
-        remove_shards(os.path.join(out, VALIDATION))   # an older run's (only with --overwrite)
+    if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)
+        remove_shards(os.path.join(out, VALIDATION), part_tag or None)
+    record.install(out, bool(part_tag))
 
 
 def _peak_rss_mb(who):
@@ -1697,12 +1898,13 @@ class WorkerPool:
     results come back in order. The pipe's only writer is its worker: a worker that dies (the
     out-of-memory killer, a signal), even in the middle of sending, is seen at once and the
     wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
-    waits for its lost task forever.
+    waits for its lost task forever. The other way round, the workers end with the main process
+    (end_with_parent): a SIGKILLed run leaves none behind.
     """
 
-    def __init__(self, workers, settings, tokenizer, tokens_by_id):
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    def __init__(self, workers, settings, tokenizer, tokens_by_id, inherited=()):
+        """`inherited`: descriptors of the main process that a worker closes (the journal's lock)."""
+        ctx, inherited = _worker_context(inherited)
         # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
         # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -1713,7 +1915,8 @@ class WorkerPool:
                 tasks = ctx.Queue()
                 results, results_end = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=_worker_main, daemon=True,
-                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id))
+                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id, os.getpid(),
+                                            inherited))
                 process.start()
                 results_end.close()  # the worker holds the only writing end
                 self.workers.append((process, tasks, results))
