@@ -77,7 +77,8 @@ sys.path.insert(0, REPO)
 
 from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
 from testkit import reference_model  # noqa: E402
-from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
+from turing.modeling import BertConfig  # noqa: E402
+from turing.models import pretraining_model  # noqa: E402
 
 logger = logging.getLogger("bench_model")
 
@@ -229,7 +230,7 @@ def build_model(spec, args, device, dtype, our_state=None):
     torch.manual_seed(0)
     if name == "ours":
         unpad = args.unpad or "unpad" in variants
-        model = BertForPreTrainingPreLN(our_config(args), argparse.Namespace(unpad=unpad))
+        model = pretraining_model(our_config(args), argparse.Namespace(unpad=unpad))  # with turing.speedups
     elif name == "reference":
         model = reference_model.BertForPreTrainingPreLN(our_config(args))
         if our_state is not None:

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from testkit import reference_model
 from turing.batch import Batch, BatchType
-from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN, _LinearCrossEntropy, dropout
+from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
+from turing.speedups import LinearCrossEntropy, dropout
 from turing.models import BertMultiTask, CheckpointError
 
 VOCAB, HIDDEN, LAYERS, HEADS, INTER, SEQ, BATCH = 96, 64, 2, 4, 128, 32, 4
@@ -259,7 +260,7 @@ def test_fused_vocab_projection_and_cross_entropy_match_autograd():
     target = torch.randint(0, 40, (7,), generator=g)
     expected = F.cross_entropy(F.linear(hidden, weight, bias), target)
     expected_grads = torch.autograd.grad(expected * 2.5, (hidden, weight, bias))
-    loss = _LinearCrossEntropy.apply(hidden, weight, bias, target)
+    loss = LinearCrossEntropy.apply(hidden, weight, bias, target)
     grads = torch.autograd.grad(loss * 2.5, (hidden, weight, bias))
     assert torch.allclose(loss, expected, atol=1e-5)
     for got, want in zip(grads, expected_grads):
@@ -437,3 +438,32 @@ def test_multitask_load_names_the_file_on_mismatch(multitask_args, tmp_path):
         model.load(str(path))
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         model.load(str(tmp_path / "missing.pt"))
+
+
+def test_the_builders_speedups_swap_modules_and_keep_keys_and_values():
+    """turing.speedups swaps parameter-free modules only: the same state_dict keys, and with
+    dropout at 0 the same training loss and gradients as the model as written (torch's SDPA and
+    cross-entropy); with dropout, the same keep rate from the cheaper mask."""
+    import copy
+
+    from turing.models import pretraining_model
+    from turing.speedups import CPUAttention, Dropout, FusedMaskedLMLoss, apply_speedups
+
+    torch.manual_seed(0)
+    config = make_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    plain = BertForPreTrainingPreLN(config, argparse.Namespace()).train()
+    fast = apply_speedups(copy.deepcopy(plain))
+    assert list(fast.state_dict()) == list(plain.state_dict())
+    kinds = [type(m) for m in fast.modules()]
+    assert kinds.count(CPUAttention) == config.num_hidden_layers and kinds.count(FusedMaskedLMLoss) == 1
+    assert kinds.count(Dropout) == 1 + 2 * config.num_hidden_layers and torch.nn.Dropout not in kinds
+    batch = make_batch()
+    losses = []
+    for model in (plain, fast):
+        loss = model(batch)
+        loss.backward()
+        losses.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.allclose(losses[0][0], losses[1][0], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(losses[0][1], losses[1][1]))
+    built = pretraining_model(make_config())
+    assert type(built.bert.embeddings.dropout) is Dropout and type(built.mlm_loss) is FusedMaskedLMLoss

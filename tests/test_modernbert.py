@@ -28,10 +28,15 @@ from turing.hf_convert import hf_to_modern, load_hf_folder, modern_to_hf  # noqa
 from turing.modeling import ModelOptions  # noqa: E402
 from turing.models import model_config_from_dict, pretraining_model  # noqa: E402
 from turing.modern import FULL, SLIDING, ModernConfig, ModernForPreTraining  # noqa: E402
+from turing.pretrained import load_into, read_weights  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
 
-transformers = pytest.importorskip("transformers")
+try:  # only the tests against transformers' own ModernBERT need it (needs_transformers)
+    import transformers  # noqa: E402
+except ImportError:
+    transformers = None
+needs_transformers = pytest.mark.skipif(transformers is None, reason="compares with or exports to transformers")
 
 JOB = "tiny_bert"
 # The tiny model of the end-to-end tests: 3 layers (full, sliding, sliding), a window of +-8
@@ -86,6 +91,7 @@ def model_with_random_affines(config, options=None):
 # The model
 
 
+@needs_transformers
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_logits_equal_transformers_modernbert(implementation):
     config = small_config()
@@ -304,6 +310,7 @@ def test_two_ranks_resume_mid_epoch_bit_for_bit(data_root, tmp_path):
     assert losses(second) == losses(first)[2:]
 
 
+@needs_transformers
 def test_export_is_a_stock_modernbert_with_our_logits_read_back_by_use_pretrain(modern_run, tmp_path):
     folder = tmp_path / "hf"
     assert export_hf.main(["--checkpoint_dir", str(modern_run["ckpt"]), "--output_dir", str(folder)]) == 0
@@ -328,10 +335,9 @@ def test_export_is_a_stock_modernbert_with_our_logits_read_back_by_use_pretrain(
     assert encoded["input_ids"].shape[1] > 2 * 8 + 1  # longer than the window
     assert (scores[real] - theirs[real]).abs().max() <= 1e-4
 
-    # --use_pretrain: the export is read back into the model the training script builds
+    # --use_pretrain's reader (turing.pretrained): the export is read back into the model the script builds
     fresh = ModernForPreTraining(ours_config)
-    deepspeed_train.load_pretrained_weights(SimpleNamespace(config={"bert_model_file": str(folder)},
-                                                            data_path_prefix="", config_file="job.json"), fresh)
+    load_into(fresh, read_weights(str(folder)), str(folder))
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in state.items())
     assert isinstance(load_hf_folder(str(folder))[1], ModernConfig)
 
@@ -344,6 +350,7 @@ def write_sst2(folder, n_train=16, n_dev=8):
         (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(lines) + "\n")
 
 
+@needs_transformers
 @pytest.mark.parametrize("source", ["checkpoint", "export"])
 def test_finetune_glue_fine_tunes_a_step(source, modern_run, tmp_path):
     model = modern_run["ckpt"]

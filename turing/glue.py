@@ -38,8 +38,8 @@ from torch import nn
 
 from turing.dataset import truncate_pair
 from turing.jsonfile import read_json
-from turing.modeling import Dropout
 from turing.modern import ModernPredictionHead, trunc_normal_
+from turing.speedups import apply_speedups
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class BertForSequenceClassification(nn.Module):
         super().__init__()
         self.num_labels = num_labels
         self.bert = bert
-        self.dropout = Dropout(dropout_prob)
+        self.dropout = nn.Dropout(dropout_prob)
         self.classifier = nn.Linear(bert.pooler.dense_act.in_features, num_labels)
         nn.init.normal_(self.classifier.weight, 0.0, initializer_range)
         nn.init.zeros_(self.classifier.bias)
@@ -371,7 +371,7 @@ class ModernForSequenceClassification(BertForSequenceClassification):
         self.head = ModernPredictionHead(config)
         out_std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
         trunc_normal_(self.head.dense.weight, out_std, config.initializer_cutoff_factor)
-        self.dropout = Dropout(config.classifier_dropout)
+        self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         trunc_normal_(self.classifier.weight, config.hidden_size ** -0.5, config.initializer_cutoff_factor)
         nn.init.zeros_(self.classifier.bias)
@@ -393,9 +393,9 @@ def sequence_classifier(pretraining, config, num_labels):
     `config`'s architecture): BERT's pooler + head (dropout hidden_dropout_prob), or the
     modernbert classifier."""
     if config.architecture == "modernbert":
-        return ModernForSequenceClassification(pretraining.bert, num_labels, config)
-    return BertForSequenceClassification(pretraining.bert, num_labels, config.hidden_dropout_prob,
-                                         config.initializer_range)
+        return apply_speedups(ModernForSequenceClassification(pretraining.bert, num_labels, config))
+    return apply_speedups(BertForSequenceClassification(pretraining.bert, num_labels, config.hidden_dropout_prob,
+                                                        config.initializer_range))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ that change how the encoder computes: block-sparse self-attention
 transformer layer (`--deepspeed_transformer_kernel`), chosen by `ModelOptions`. `check_model_flags(args)` rejects
 option combinations this build cannot run. Knows nothing of training: no optimizer, no engine.
 
+The model reads as the model: torch's dropout, SDPA and cross-entropy. The speed-ups for the CPU
+(a cheaper dropout mask, attention under dropout written out around it, the vocab projection and
+cross-entropy fused into one buffer) are turing/speedups.py's, applied by the builder
+(turing.models.pretraining_model) as module swaps that keep every key and every number.
+
 The module tree, and therefore every `state_dict` key, is the original Bing BERT model's, so
 its checkpoints load with `strict=True`. The computation is the original's, arranged to do
 less work:
@@ -19,12 +24,7 @@ less work:
   LayerNorm) and the tied vocab projection on those rows only; the original transformed every
   position and selected afterwards. Row-wise ops commute with row selection, so the result is
   the same;
-- the vocab projection and the MLM cross-entropy are one autograd function
-  (`_LinearCrossEntropy`) that keeps a single (N, V) buffer, forward and backward;
 - position embeddings are a slice of the table broadcast over the batch, not a lookup;
-- on CPU, dropout draws one 32-bit random number per two elements (`dropout`), and attention
-  under dropout is written out around it (SDPA's CPU math path would do the same work with
-  more copies); CUDA keeps torch's dropout and SDPA kernels;
 - optionally (`ModelOptions.unpad`) the embeddings and encoder run on the real tokens only
   (`Unpadding`), with the padded model's loss.
 
@@ -53,7 +53,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputFileNotFoundError, InputValueError
@@ -187,39 +186,6 @@ class BertConfig:
         return self.to_json_string()
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of `hidden @ weight.T + bias` (N, V) against `target` (N,); 0 for N = 0.
-
-    Same value and gradients as `F.cross_entropy(F.linear(hidden, weight, bias), target)`, but
-    the vocab-sized scores exist once: log-softmax runs in place on them and the backward turns
-    them into softmax - one_hot in place, where the autograd path allocates three more (N, V)
-    buffers (log-probs, a zeroed NLL gradient, the log-softmax gradient). On CPU those fresh
-    buffers cost more in page faults than the arithmetic on them.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, target):
-        scores = torch.addmm(bias, hidden, weight.t())  # (N, V)
-        log_probs = torch.log_softmax(scores, -1, out=scores)  # row by row, so safe in place
-        ctx.save_for_backward(hidden, weight, log_probs, target)
-        # sum / max(N, 1): with no target the loss is 0 (not NaN) and every gradient is 0.
-        return -log_probs.gather(1, target[:, None]).sum() / max(target.numel(), 1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_loss):
-        hidden, weight, log_probs, target = ctx.saved_tensors
-        grad_scores = log_probs.exp_()  # softmax, reusing the saved buffer
-        grad_scores[torch.arange(target.numel(), device=target.device), target] -= 1.0
-        grad_scores.mul_(grad_loss / max(target.numel(), 1))
-        grad_scores = grad_scores.to(hidden.dtype)  # scores may be lower precision under autocast
-        grad_hidden = grad_scores @ weight.to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        # (autograd casts each gradient to its input's dtype)
-        grad_weight = grad_scores.t() @ hidden if ctx.needs_input_grad[1] else None
-        grad_bias = grad_scores.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None
-
-
 def _extended_attention_mask(input_mask, dtype):
     """(B, L) 1/0 mask -> (B, 1, 1, L) additive mask: 0 to attend, -10000 to ignore."""
     mask = input_mask[:, None, None, :].to(dtype=dtype)
@@ -230,52 +196,22 @@ def _round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
-def _keep_mask(shape, p, device):
-    """Bool mask, True with probability 1 - p (p rounded to a multiple of 2^-16).
+class MaskedLMLoss(nn.Module):
+    """Mean cross-entropy of the vocab scores `hidden @ weight.T + bias` (N, V) against `target`
+    (N,); 0 for N = 0 (a batch with no masked position adds nothing, not the NaN of a mean over
+    nothing). turing.speedups swaps in a fused version with the same value and gradients."""
 
-    One int32 draw from torch's default generator gives two 16-bit uniforms, so
-    `torch.manual_seed`, checkpoint RNG state and activation checkpointing's replay all hold.
-    """
-    n = math.prod(shape)
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=device).random_(-2 ** 31, 2 ** 31)
-    return bits.view(torch.int16)[:n].view(shape) >= (round(p * 65536) - 32768)
+    def forward(self, hidden, weight, bias, target):
+        return F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum") / max(target.numel(), 1)
 
 
-class _CPUDropoutFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, p):
-        keep = _keep_mask(x.shape, p, x.device)
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return torch.mul(x, keep).mul_(ctx.scale)
+class ScaledDotProductAttention(nn.Module):
+    """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities, by
+    F.scaled_dot_product_attention; q, k, v (B, heads, L, d). turing.speedups swaps in a CPU
+    version for training with dropout."""
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return torch.mul(grad, keep).mul_(ctx.scale), None
-
-
-def dropout(x, p, training):
-    """F.dropout, with a cheaper mask on CPU.
-
-    torch's CPU dropout draws one Bernoulli sample per element (single-threaded, ~6 ns an
-    element) and keeps a float mask; here one 32-bit draw serves two elements and the mask is
-    bool: about 5x cheaper, 13% -> 5% of a CPU training step. On other devices, and inside
-    torch.compile (which fuses dropout into its kernels), torch's dropout is used as is.
-    """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.dropout(x, p, True)  # (inside torch.compile: fused into the graph, own RNG)
-    return _CPUDropoutFunction.apply(x, p)
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout (same repr, no state) computed by `dropout` above."""
-
-    def forward(self, x):
-        return dropout(x, self.p, self.training)
+    def forward(self, q, k, v, attention_mask, dropout_p):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout_p)
 
 
 class Unpadding:
@@ -349,7 +285,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=LAYER_NORM_EPS)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids, unpadding=None):
         """(B, L) ids -> (B, L, H); with `unpadding`, the kept tokens only: (T, H)."""
@@ -379,6 +315,7 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.core = ScaledDotProductAttention()  # no parameters: no state_dict keys
         # Shared by all layers; no parameters or persistent buffers, so no state_dict keys.
         self.sparse_attention = sparse_attention
 
@@ -398,16 +335,8 @@ class BertSelfAttention(nn.Module):
             # The additive (B, 1, 1, L) mask doubles as the key padding mask (0 = real key).
             context = self.sparse_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                             key_padding_mask=attention_mask)
-        elif dropout_p > 0.0 and qkv.device.type == "cpu":
-            # CPU SDPA with dropout runs its unfused math path anyway (two q/k scalings, copies,
-            # torch's dropout): written out, with the cheaper CPU dropout. Same math.
-            q = q.transpose(1, 2) * (1.0 / math.sqrt(self.attention_head_size))  # (B, heads, L, d)
-            scores = torch.matmul(q, k.permute(0, 2, 3, 1)).add_(attention_mask)  # (B, heads, L, L)
-            probs = dropout(torch.softmax(scores, -1), dropout_p, True)
-            context = torch.matmul(probs, v.transpose(1, 2))
         else:
-            context = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                     attn_mask=attention_mask, dropout_p=dropout_p)
+            context = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention_mask, dropout_p)
         context = context.transpose(1, 2).reshape(B, L, H)  # (B, heads, L, d) -> (B, L, H)
         return unpadding.unpad(context) if unpadding is not None else context
 
@@ -416,7 +345,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
         return self.dropout(self.dense(hidden_states))
@@ -446,7 +375,7 @@ class BertOutput(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
         return self.dropout(self.dense(hidden_states))
@@ -826,6 +755,7 @@ class BertForPreTrainingPreLN(nn.Module):
         self.unpad = bool(options.unpad)
         self.next_sentence_prediction = bool(options.next_sentence_prediction)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight)
+        self.mlm_loss = MaskedLMLoss()
         self._init_weights()
 
     def _init_weights(self):
@@ -883,9 +813,8 @@ class BertForPreTrainingPreLN(nn.Module):
         rows = masked_positions if unpadding is None else unpadding.packed_index(masked_positions)
         masked_output = sequence_output.reshape(-1, sequence_output.size(-1)).index_select(0, rows)
         predictions = self.cls.predictions
-        masked_lm_loss = _LinearCrossEntropy.apply(
-            predictions.transform(masked_output), predictions.decoder.weight, predictions.bias,
-            flat_labels.index_select(0, masked_positions))
+        masked_lm_loss = self.mlm_loss(predictions.transform(masked_output), predictions.decoder.weight,
+                                       predictions.bias, flat_labels.index_select(0, masked_positions))
         nsp_scores = self.cls.seq_relationship(pooled_output) if self.next_sentence_prediction else None
         return pretraining_loss(masked_lm_loss, nsp_scores, next_sentence_labels)
 

@@ -20,6 +20,7 @@ from turing.errors import ConversionError, InputFileNotFoundError, InputValueErr
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.modern import ModernConfig, ModernForPreTraining
 from turing.job_config import bert_model_config_of
+from turing.speedups import apply_speedups
 from turing.tokenization import load_vocab, vocab_rows, vocab_size
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ def model_config_from_dict(values):
 
 
 def pretraining_model(config, options=None):
-    """The pretraining model of `config`'s architecture; `options`: ModelOptions or a command line."""
-    return ARCHITECTURES[config.architecture][1](config, options)
+    """The pretraining model of `config`'s architecture, with the speed-ups of turing.speedups;
+    `options`: ModelOptions or a command line."""
+    return apply_speedups(ARCHITECTURES[config.architecture][1](config, options))
 
 
 class CheckpointError(InputValueError):

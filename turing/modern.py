@@ -58,8 +58,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputValueError
-from turing.modeling import (_ACTIVATIONS, BertConfigError, Dropout, ModelOptions, Unpadding, _extended_attention_mask,
-                             _LinearCrossEntropy, config_values, pretraining_loss)
+from turing.modeling import (_ACTIVATIONS, BertConfigError, MaskedLMLoss, ModelOptions, Unpadding,
+                             _extended_attention_mask, config_values, pretraining_loss)
 
 ARCHITECTURE = "modernbert"
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types names
@@ -258,7 +258,7 @@ class ModernEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.norm = _layer_norm(config)
-        self.drop = Dropout(config.embedding_dropout)
+        self.drop = nn.Dropout(config.embedding_dropout)
 
     def forward(self, input_ids, unpadding=None):
         """(B, L) ids -> (B, L, H); with `unpadding`, the kept tokens only: (T, H)."""
@@ -274,7 +274,7 @@ class ModernAttention(nn.Module):
         self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.dropout_p = config.attention_dropout
-        self.out_drop = Dropout(config.attention_dropout)
+        self.out_drop = nn.Dropout(config.attention_dropout)
 
     def forward(self, hidden_states, inputs, unpadding=None):
         """(B, L, H) -> (B, L, H); with `unpadding`, packed (T, H) -> (T, H)."""
@@ -305,7 +305,7 @@ class ModernMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = _ACTIVATIONS[config.hidden_activation]
-        self.drop = Dropout(config.mlp_dropout)
+        self.drop = nn.Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, hidden_states):
@@ -461,6 +461,7 @@ class ModernForPreTraining(nn.Module):
         self.config = config
         self.bert = ModernEncoder(config, bool(options.checkpoint_activations))
         self.cls = ModernMLMHead(config, self.bert.embeddings.tok_embeddings.weight)
+        self.mlm_loss = MaskedLMLoss()
         self.unpad = bool(options.unpad)
         self._init_weights()
 
@@ -505,8 +506,8 @@ class ModernForPreTraining(nn.Module):
         masked_positions = torch.nonzero(flat_labels != -1).squeeze(1)  # (N,)
         rows = masked_positions if unpadding is None else unpadding.packed_index(masked_positions)
         masked_output = sequence_output.reshape(-1, sequence_output.size(-1)).index_select(0, rows)
-        masked_lm_loss = _LinearCrossEntropy.apply(self.cls.head(masked_output), self.cls.decoder.weight,
-                                                   self.cls.decoder.bias, flat_labels.index_select(0, masked_positions))
+        masked_lm_loss = self.mlm_loss(self.cls.head(masked_output), self.cls.decoder.weight, self.cls.decoder.bias,
+                                       flat_labels.index_select(0, masked_positions))
         return pretraining_loss(masked_lm_loss, None, next_sentence_labels)
 
     def predict(self, input_ids, segment_ids, input_mask):
