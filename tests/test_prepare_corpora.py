@@ -87,6 +87,61 @@ def test_wikitext_loses_its_markup_and_keeps_link_text():
     assert corpora.wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
 
 
+def tokenizer_reads(monkeypatch, budget_per_char=400):
+    """A function: wikitext -> the characters mwparserfromhell's tokenizer reads to reduce it (every
+    re-read after a retry counted), on its pure-Python tokenizer (the same algorithm as the C one,
+    whose work cannot be counted). It stops past `budget_per_char` reads a character."""
+    from mwparserfromhell import parser
+    from mwparserfromhell.parser.tokenizer import Tokenizer
+
+    monkeypatch.setattr(parser, "use_c", False)
+    count = [0, 0]                        # reads, budget
+    real_read = Tokenizer._read
+
+    def counted_read(self, *args, **kwargs):
+        count[0] += 1
+        assert count[0] < count[1], f"more than {count[1]} reads: a retry at every later position"
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "_read", counted_read)
+
+    def reads(text):
+        count[:] = [0, budget_per_char * len(text)]
+        corpora.wikitext_to_text(text)
+        return count[0]
+    return reads
+
+
+@pytest.mark.parametrize("unit,end", [("[http://a.b ", ""), ("<span>x ", ""), ("[[a|[http://a.b ", ""),
+                                      ("[http://a.b [", "]")],
+                         ids=["external_link", "tag", "link_and_external_link", "nested_external_links"])
+def test_wikitext_reduction_is_linear_in_markup_that_never_closes(monkeypatch, unit, end):
+    """The parser retried a link or tag that never closes at every later position (a 0.24 MB page of
+    "[http://a.b " took 70 s: quadratic) and an external link in another's title doubled its work
+    per level: four times the page is now about four times the work, not 16."""
+    reads = tokenizer_reads(monkeypatch)
+    small, large = (reads("Intro.\n" + unit * n + end) for n in (150, 600))
+    assert large < 6 * small, (small, large)
+    # what never closes is text, as before; what closes is reduced as before
+    assert corpora.wikitext_to_text("See [http://a.b the site] and [http://c.d more\n<span>x [[a|b]] [[c d") == \
+        "See the site and [ more\n<span>x b [[c d"
+
+
+def test_a_long_page_is_parsed_in_bounded_pieces_to_the_same_text(monkeypatch):
+    """What bounds any page's parse, whatever its markup: the parser sees at most _PARSE_BLOCK
+    characters at a time, cut between lines where nothing is open, so the text is as parsed whole."""
+    import mwparserfromhell
+
+    seen, real_parse = [], mwparserfromhell.parse
+    monkeypatch.setattr(mwparserfromhell, "parse", lambda text, **kw: seen.append(len(text)) or real_parse(text, **kw))
+    pages = [files.wikitext(i, doc) for i, (_, doc) in enumerate(files.synthetic_documents(40, seed=1))]
+    one_page = "\n\n".join(pages)
+    assert len(one_page) > 4 * corpora._PARSE_BLOCK
+    text = corpora.wikitext_to_text(one_page)
+    assert 0 < max(seen) <= corpora._PARSE_BLOCK
+    assert text == "\n".join(corpora.wikitext_to_text(page) for page in pages)
+
+
 def run(corpus, out, *inputs, fmt="bing", extra=()):
     argv = ["--input", *map(str, inputs), "--output_dir", str(out), "--format", fmt, "--vocab_file", str(corpus.vocab),
             "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", *map(str, extra)]

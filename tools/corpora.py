@@ -24,7 +24,9 @@ the file as stored (compressed ones count compressed bytes), for a progress bar 
 Sentences are split by blingfire (chosen by measurement against pysbd, syntok and spaCy's rule
 based sentencizer: bench/README.md, "Corpora in"); `SPLITTERS` holds all four for the bench.
 """
+import bisect
 import bz2
+import functools
 import gzip
 import hashlib
 import importlib
@@ -615,12 +617,129 @@ def _drop_heavy(text):
     return "".join(out)
 
 
+# mwparserfromhell's tokenizer retries a construct that never closes at every later position: an
+# unclosed external link, tag or link is quadratic in the page (70 s for 0.24 MB of "[http://a.b "),
+# an external link nested in another's title doubles the work per level (20 of them: 1 s, 40:
+# beyond 10 minutes), and a long heading line of entities is quadratic too. So the brackets and
+# tags that never close are escaped before it parses (as HTML entities: the same text comes out),
+# links are nested at most _MAX_NESTING deep and never inside an external link, and the parser
+# sees at most _PARSE_BLOCK characters at a time, cut where nothing is open.
+_PARSE_BLOCK = 16384
+_MAX_NESTING = 8
+_ESCAPES = {"[": "&#91;", "<": "&lt;"}
+
+
+@functools.lru_cache(maxsize=1)
+def _markup_tokens():
+    """What _unclosed scans for: [[, ]], an external link's [ (a URL scheme follows), ], a line
+    break, and tags (groups: "/" of a closing tag, the name, what follows it up to ">", the ">")."""
+    mw = require("mwparserfromhell", "reading MediaWiki wikitext")
+    schemes = "|".join(s + ("://" if slashes else ":") for s, slashes in sorted(mw.definitions.URI_SCHEMES.items()))
+    return re.compile(r"\[\[|\]\]|\[(?=%s|//)|\]|\n|<(/?)([A-Za-z][A-Za-z0-9]*)(?=([^<>\n]*)(>?))" % schemes,
+                      re.IGNORECASE), frozenset(mw.definitions.SINGLE)
+
+
+def _unclosed(text):
+    """(positions of the brackets and tag openers to escape, sorted; the line breaks where no
+    bracket or tag is open). One scan, whatever the page."""
+    tokens, single = _markup_tokens()
+    escape, quiet, stack = [], [], []        # stack: (kind, position): "[[", "[" (external) or a tag name
+    for m in tokens.finditer(text):
+        token, at = m.group(0), m.start()
+        if token == "\n":                    # an external link ends with its line
+            _escape_above(stack, next((i for i, (kind, _) in enumerate(stack) if kind == "["), len(stack)), escape)
+            if not stack:
+                quiet.append(at)
+        elif token[0] == "]":
+            _close(stack, "[[" if token == "]]" and any(kind == "[[" for kind, _ in stack) else "[", escape)
+        elif token[0] == "[":
+            _open(stack, token, at, escape)
+        else:
+            closing, name, attributes, end = m.groups()
+            name = name.lower()
+            if name in single or (end and attributes.endswith("/")):
+                continue
+            if closing:
+                _close(stack, name, escape)
+            elif end:
+                _open(stack, name, at, escape)
+            else:                             # no ">" on its line: no tag
+                escape.append(at)
+    _escape_above(stack, 0, escape)
+    return sorted(escape), quiet
+
+
+def _open(stack, kind, at, escape):
+    if len(stack) >= _MAX_NESTING or (kind[0] == "[" and stack and stack[-1][0] == "["):
+        escape.extend(_brackets(kind, at))
+    else:
+        stack.append((kind, at))
+
+
+def _close(stack, kind, escape):
+    """Close the innermost open `kind`, escaping what is open inside it; a closer of nothing is text."""
+    for depth in range(len(stack) - 1, -1, -1):
+        if stack[depth][0] == kind:
+            _escape_above(stack, depth + 1, escape)
+            stack.pop()
+            return
+
+
+def _escape_above(stack, depth, escape):
+    for kind, at in stack[depth:]:
+        escape.extend(_brackets(kind, at))
+    del stack[depth:]
+
+
+def _brackets(kind, at):
+    return (at, at + 1) if kind == "[[" else (at,)
+
+
+def _parse_blocks(text):
+    """`text` in pieces of at most _PARSE_BLOCK characters, cut at line breaks where nothing is open
+    (else at a line break, else a space), with _unclosed's brackets and tags escaped."""
+    escape, quiet = _unclosed(text)
+    start = 0
+    while start < len(text):
+        stop = _block_end(text, start, quiet)
+        lo, hi = bisect.bisect_left(escape, start), bisect.bisect_left(escape, stop)
+        out, pos = [], start
+        for at in escape[lo:hi]:
+            out += [text[pos:at], _ESCAPES[text[at]]]
+            pos = at + 1
+        out.append(text[pos:stop])
+        yield "".join(out)
+        start = stop
+
+
+def _block_end(text, start, quiet):
+    limit = start + _PARSE_BLOCK
+    if len(text) <= limit:
+        return len(text)
+    i = bisect.bisect_right(quiet, limit - 1) - 1
+    if i >= 0 and quiet[i] >= start:
+        return quiet[i] + 1
+    for mark in ("\n", " "):
+        at = text.rfind(mark, start, limit)
+        if at > start:
+            return at + 1
+    return limit
+
+
 def wikitext_to_text(wikitext):
     """Plain text of an article's wikitext: templates, tables, references, comments, files,
     categories, interlanguage links and headings removed, link text kept; paragraphs on lines."""
     mw = require("mwparserfromhell", "reading MediaWiki wikitext")
-    code = mw.parse(_drop_heavy(wikitext), skip_style_tags=True)
-    nodes = mw.nodes
+    pieces = []
+    for block in _parse_blocks(_drop_heavy(wikitext)):
+        text = _reduce(mw.parse(block, skip_style_tags=True), mw.nodes)
+        if text:                          # a block cut inside a line goes on on the same line
+            pieces += [text, "\n" if block.endswith("\n") else " "]
+    return "".join(pieces[:-1])
+
+
+def _reduce(code, nodes):
+    """The text of parsed wikitext, as wikitext_to_text returns it."""
     parts = []
     for node in code.nodes:
         if isinstance(node, nodes.Text):
