@@ -206,6 +206,33 @@ def test_bad_json_line_is_refused_or_skipped_and_counted(corpus, tmp_path, capsy
     assert stats["bad_records"] == 1 and stats["documents_kept"] == 2
 
 
+GOOD_LINE = json.dumps({"text": "Fine text of a document here. And more."})
+
+
+@pytest.mark.parametrize("bad,expected", [
+    ('{"text": "The river \\ud800 town"}', "line 2: field 'text' holds a lone surrogate \\ud800 at character 11"),
+    ("[" * 100_000, "line 2 is not JSON this reader takes (arrays or objects nested too deeply)"),
+    ("null", "line 2 is null, not an object with a field 'text'"),
+    ('{"text": 7}', "line 2: field 'text' is a number, not a string")], ids=["surrogate", "nesting", "null", "number"])
+def test_a_json_line_that_holds_no_text_is_one_bad_record(corpus, tmp_path, capsys, bad, expected):
+    """Lines json.loads reads into what is no text (a lone surrogate half, which no UTF-8 encoder takes,
+    was a UnicodeEncodeError traceback; 100,000 nested [ a RecursionError): one line, or skipped and counted."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{GOOD_LINE}\n{bad}\n{GOOD_LINE.replace('Fine', 'Good')}\n")
+    line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {path}: {expected}") and "--skip_bad_records" in line, line
+    assert not (tmp_path / "o" / "train").exists()
+    stats = run(corpus, tmp_path / "o", path, extra=["--skip_bad_records"])
+    assert stats["bad_records"] == 1 and stats["documents_kept"] == 2
+
+
+def test_a_byte_order_mark_before_json_lines_is_read(corpus, tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + f"{GOOD_LINE}\n{GOOD_LINE.replace('Fine', 'Good')}\n".encode())
+    stats = run(corpus, tmp_path / "o", path)
+    assert stats["documents_kept"] == 2 and stats["bad_records"] == 0
+
+
 def test_missing_text_field_and_parquet_column_are_named(corpus, tmp_path, capsys):
     line = error_of(capsys, ["--input", corpus.paths["jsonl_gz"], "--text_field", "body", *base(corpus, tmp_path / "o")])
     assert "line 1 has no field 'body' (it has: id, title, text); give --text_field" in line

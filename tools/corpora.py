@@ -105,9 +105,12 @@ def is_hf_folder(path):
                                     or os.path.isfile(os.path.join(path, "state.json")))
 
 
+HEAD_SPACE = b"\xef\xbb\xbf \t\r\n"    # what may come before a file's first byte of content: a BOM, white space
+
+
 def sniff(path, head):
     """The layout of a file from its (decompressed) first bytes, or None."""
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    text = head.lstrip(HEAD_SPACE)
     if text.startswith(b"<?xml") or text.startswith(b"<mediawiki"):
         return "mediawiki"
     if text.startswith(b"<doc "):
@@ -326,7 +329,7 @@ def _decoded_lines(source):
                 except UnicodeDecodeError as e:
                     raise CorpusError(f"{path}: line {number} is not UTF-8 (byte 0x{line[e.start]:02x} at column "
                                       f"{e.start + 1}); convert the file first, e.g. iconv -f latin1 -t utf-8") from None
-                yield number, text, pos - last
+                yield number, text.removeprefix("\ufeff") if number == 1 else text, pos - last
                 last = pos
         except (EOFError, OSError) as e:
             raise corrupt_data_error(path, raw, e) from None
@@ -340,7 +343,7 @@ def _read_text_docs(source, options, counts):
 
 def _read_wikiextractor(source, options, counts):
     """<doc id url title> blocks (the title line that starts a block is skipped), or --json lines."""
-    if read_head(source.path).lstrip().startswith(b"{"):
+    if read_head(source.path).lstrip(HEAD_SPACE).startswith(b"{"):
         yield from _read_jsonl(source, replace_field(options, "text"), counts)
         return
     lines, title, consumed, start = None, None, 0, 0
@@ -393,26 +396,59 @@ def _read_jsonl(source, options, counts):
                 raise CorpusError(f"{source.path}: a JSON array, not JSON lines (one object per line); convert it, "
                                   "e.g. jq -c '.[]'") from None
             problem = f"line {number} is not JSON ({e.msg} at column {e.colno})"
+        except RecursionError:
+            problem = f"line {number} is not JSON this reader takes ({JSON_TOO_DEEP})"
         else:
             text = _field(record, name) if isinstance(record, dict) else KeyError
-            if isinstance(text, str):
-                seen_field = True
-                yield text, nbytes
-                continue
             if text is None:           # a null text: an empty document
                 yield None, nbytes
                 continue
-            if text is KeyError:
-                keys = ", ".join(list(record)[:12]) if isinstance(record, dict) else type(record).__name__
-                problem = f"line {number} has no field {name!r} (it has: {keys}); give --text_field"
+            problem = not_text(text)
+            if problem is None:
+                seen_field = True
+                yield text, nbytes
+                continue
+            if not isinstance(record, dict):
+                problem = f"line {number} is {json_kind(record)}, not an object with a field {name!r}"
+            elif text is KeyError:
+                problem = f"line {number} has no field {name!r} (it has: {', '.join(list(record)[:12])}); give --text_field"
                 if not seen_field and not options.skip_bad_records:
                     raise CorpusError(f"{source.path}: {problem}")
             else:
-                problem = f"line {number}: field {name!r} is a {type(text).__name__}, not a string"
-        if not options.skip_bad_records:
-            raise CorpusError(f"{source.path}: {problem} (--skip_bad_records skips and counts such records)")
-        counts.bad_records += 1
+                problem = f"line {number}: field {name!r} {problem}"
+        bad_record(source, options, counts, problem)
         yield None, nbytes
+
+
+JSON_TOO_DEEP = "arrays or objects nested too deeply"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+          dict: "an object", bytes: "binary data"}
+
+
+def json_kind(value):
+    """The kind of a value read from JSON (or Arrow), in JSON's words: null, a number, an array, ..."""
+    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
+
+
+def not_text(value):
+    """What makes a document's value no text ("is a number, not a string", "holds a lone surrogate
+    ..."), or None for a str of Unicode text. JSON's \\ud800 escapes decode to halves of a UTF-16
+    pair that no UTF-8 encoder (nor the tokenizer) takes."""
+    if not isinstance(value, str):
+        return f"is {json_kind(value)}, not a string"
+    lone = _SURROGATE.search(value)
+    if lone:
+        return (f"holds a lone surrogate \\u{ord(lone.group()):04x} at character {lone.start() + 1} "
+                "(half of a UTF-16 pair, not text)")
+    return None
+
+
+def bad_record(source, options, counts, problem):
+    """A record that is no document: one error line, or with --skip_bad_records counted."""
+    if not options.skip_bad_records:
+        raise CorpusError(f"{source.path}: {problem} (--skip_bad_records skips and counts such records)")
+    counts.bad_records += 1
 
 
 def _read_mediawiki(source, options, counts):
