@@ -242,6 +242,27 @@ def test_missing_text_field_and_parquet_column_are_named(corpus, tmp_path, capsy
     assert "the dataset has no column 'body' (it has: title, text)" in line
 
 
+def test_parquet_and_hf_columns_that_hold_no_text_are_bad_records(corpus, tmp_path, capsys):
+    """Binary and list columns were dropped without a word (50 documents read, bad_records 0 and exit 0
+    from 1,050 rows): one line naming the file and row, or skipped and counted."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["\n".join(doc) for _, doc in corpus.docs]
+    binary, lists, hf = tmp_path / "binary.parquet", tmp_path / "lists.parquet", tmp_path / "hf_binary"
+    pq.write_table(pa.table({"text": pa.array([t.encode() for t in texts], pa.binary())}), binary)
+    pq.write_table(pa.table({"text": pa.array([[t] for t in texts], pa.list_(pa.string()))}), lists)
+    datasets.Dataset.from_dict({"text": [t.encode() for t in texts]}).save_to_disk(str(hf))
+    for path, kind in ((binary, "binary data"), (lists, "an array"), (hf, "binary data")):
+        line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+        assert line.startswith(f"error: {path}: row 1: column 'text' is {kind}, not a string (--skip_bad_records"), line
+    stats = run(corpus, tmp_path / "o", corpus.paths["parquet"], binary, lists, hf, extra=["--skip_bad_records"])
+    assert stats["documents_kept"] == len(texts) and stats["bad_records"] == 3 * len(texts)
+    line = error_of(capsys, ["--input", binary, "--skip_bad_records", *base(corpus, tmp_path / "o2")])
+    assert f"no document with tokens, and {len(texts)} bad records skipped (--skip_bad_records)" in line
+
+
 def test_truncated_compressed_files_are_refused_naming_the_byte(corpus, tmp_path, capsys):
     for name, suffix in (("bz2", ".xml.bz2"), ("jsonl_gz", ".jsonl.gz"), ("jsonl_zst", ".jsonl.zst")):
         data = open(corpus.paths[name], "rb").read()

@@ -509,7 +509,7 @@ def _read_parquet(source, options, counts):
         for text in table.column(0).to_pylist():
             done += 1
             share = done * source.size // rows
-            yield (text if isinstance(text, str) else None), share - given
+            yield _row_text(source, options, counts, done, text), share - given
             given = share
         del table
     if source.size > given:
@@ -593,15 +593,22 @@ def _read_hf(source, options, counts):
             for text in table[start:start + 1024].column(0).to_pylist():
                 done += 1
                 share = done * total // rows
-                yield (text if isinstance(text, str) else None), share - given
+                yield _row_text(source, options, counts, done, text), share - given
                 given = share
         if total > given:
             yield None, total - given
         return
-    for row in ds:                    # streaming (local data files)
-        text = row.get(name)
-        yield (text if isinstance(text, str) else None), 0
+    for number, row in enumerate(ds, start=1):     # streaming (local data files)
+        yield _row_text(source, options, counts, number, row.get(name)), 0
     yield None, source.size
+
+
+def _row_text(source, options, counts, number, text):
+    """A parquet or Arrow row's text; None for a null, or for a bad record (binary data, a list)."""
+    if text is None or isinstance(text, str):
+        return text
+    bad_record(source, options, counts, f"row {number}: column {options.text_field!r} {not_text(text)}")
+    return None
 
 
 READERS = {"text_docs": _read_text_docs, "mediawiki": _read_mediawiki, "wikiextractor": _read_wikiextractor,

@@ -1642,6 +1642,9 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
     for name, shard_set in shard_sets.items():
         stats = summary.sets[name]
         stats.shard_sizes = shard_set.sizes
+        if stats.documents == 0 and name == TRAIN and summary.read.get("bad_records"):
+            raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {summary.read['bad_records']} "
+                                   "bad records skipped (--skip_bad_records); without that flag the first is named")
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
@@ -1866,7 +1869,8 @@ def build_parser():
     p.add_argument("--hf_split", default="train", help="hf: the split of a dataset dict or cached dataset")
     p.add_argument("--hf_config", default=None, help="hf: the configuration of a cached dataset")
     p.add_argument("--skip_bad_records", action="store_true",
-                   help="skip (and count) JSON lines that are not JSON or lack --text_field, instead of stopping")
+                   help="skip (and count) records that hold no text instead of stopping: JSON lines that are not "
+                        "JSON or lack --text_field, rows whose column is binary data or a list, ...")
     p.add_argument("--min_document_words", type=int, default=0,
                    help="drop documents of fewer words (counted in the summary and stats.json)")
     p.add_argument("--keep_duplicates", action="store_true",
