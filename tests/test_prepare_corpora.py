@@ -174,6 +174,35 @@ def test_duplicates_and_short_documents_are_dropped_and_counted(corpus, tmp_path
     assert stats["documents_kept"] == len(corpus.docs) + 1  # the upper-cased first paragraph is new text
 
 
+LONG_WRITERS = {
+    "jsonl": lambda root, docs: files.write_jsonl(str(root / "docs.jsonl"), docs),
+    "parquet": lambda root, docs: files.write_parquet(str(root / "docs.parquet"), docs),
+    "hf": lambda root, docs: files.write_hf(str(root / "hf_saved"), docs),
+    "mediawiki": lambda root, docs: files.write_mediawiki(str(root / "testwiki-pages-articles.xml"), docs),
+    "wikiextractor": lambda root, docs: files.write_wikiextractor(str(root / "extracted"), docs),
+    "text_docs": lambda root, docs: files.write_text_docs(str(root / "docs.txt"), docs)}
+
+
+@pytest.mark.parametrize("layout", list(LONG_WRITERS))
+def test_a_document_longer_than_the_chunk_size_is_cut_in_every_layout(corpus, tmp_path, caplog, layout):
+    """Only plain text was cut at --chunk_size_mb: one 40 MB JSON line peaked at 2.4 GB in a worker.
+    Now no document handed on is longer, in any layout, none of the text is lost, and it is said."""
+    long_document = ("Long", [p for _, doc in corpus.docs for p in doc])
+    path = LONG_WRITERS[layout](tmp_path, [long_document] + corpus.docs[:3])
+    sources = corpora.find_sources([path], "text_docs" if layout == "text_docs" else None)
+    whole = [doc for doc, _ in prepare_data.CorpusReader(sources, corpora.ReadOptions()) if doc]
+    limit = 4096
+    assert len(whole[0]) > 4 * limit
+    reader = prepare_data.CorpusReader(sources, corpora.ReadOptions(), max_document_bytes=limit)
+    with caplog.at_level("WARNING"):
+        pieces = [doc for doc, _ in reader if doc]
+    assert max(map(len, pieces)) <= limit and len(pieces) > len(whole) + 3
+    assert "".join(pieces) == "".join(whole)
+    assert f"{corpora.RECORDS[layout]} 1: a document of " in caplog.text and "more than --chunk_size_mb" in caplog.text
+    (warning,) = reader.warnings()
+    assert warning.startswith(f"1 document(s) longer than --chunk_size_mb were cut into {len(pieces) - 3} pieces")
+
+
 def test_text_docs_is_one_document_a_line(corpus, tmp_path):
     path = files.write_text_docs(str(tmp_path / "docs.txt"), corpus.docs)
     docs, _, _ = documents_of(path, input_format="text_docs")

@@ -885,6 +885,27 @@ def document_size(document):
     return sum(map(len, document)) if isinstance(document, list) else len(document)
 
 
+def cut_document(document, limit):
+    """The pieces of a str document (a Wikitext stays one) of at most `limit` characters, in order,
+    each cut at its last line break, else sentence end (". "), else space in its second half, else
+    at `limit`: a worker then holds at most `limit` characters of it, whatever its size."""
+    kind, start = type(document), 0
+    while len(document) - start > limit:
+        stop = start + limit
+        for mark in ("\n", ". ", " "):
+            at = document.rfind(mark, start + limit // 2, stop)
+            if at >= 0:
+                stop = at + len(mark)
+                break
+        yield kind(document[start:stop])
+        start = stop
+    yield kind(document[start:])
+
+
+RECORDS = {"text_docs": "line", "jsonl": "line", "parquet": "row", "hf": "row", "mediawiki": "page",
+           "wikiextractor": "document"}   # what a reader yields once each, by layout
+
+
 def document_key(document):
     """A 64-bit hash of the document's text, case-folded and with its whitespace collapsed: equal for
     exact duplicates (markup and all, for wikitext), used to drop them and to deal parts."""

@@ -409,21 +409,48 @@ def read_options(args):
 
 class CorpusReader:
     """The documents of every source in order (iterate: (document, bytes consumed)), the text
-    ones through a DocumentReader (so long documents are cut as there), and what was met."""
+    ones through a DocumentReader, and what was met. A document of more than `max_document_bytes`
+    of text is cut into pieces of at most that size in every layout, warned about and counted."""
 
     def __init__(self, sources, options, max_document_bytes=None):
         self.sources, self.options = sources, options
         self.text = DocumentReader([], max_document_bytes)
         self.counts = corpora.ReadCounts()
+        self.cut = self.pieces = 0         # records (of the other layouts) cut, and the pieces they became
+        self.longest = (0, "")             # (characters, where) of the longest
 
     def __iter__(self):
         for source in self.sources:
-            yield from corpora.read_documents(source, self.options, self.counts, self.text)
+            documents = corpora.read_documents(source, self.options, self.counts, self.text)
+            yield from documents if source.layout == "text" else self._cut(source, documents)
+
+    def _cut(self, source, documents):
+        limit = self.text.max_document_bytes
+        for number, (document, nbytes) in enumerate(documents, start=1):
+            if not limit or not document or len(document) <= limit:
+                yield document, nbytes
+                continue
+            where = f"{source.path}, {corpora.RECORDS[source.layout]} {number}"
+            logger.warning("%s: a document of %.1f MB of text, more than --chunk_size_mb (%.2f MB): cut into pieces "
+                           "of that size", where, len(document) / 2**20, limit / 2**20)
+            self.cut += 1
+            self.longest = max(self.longest, (len(document), where))
+            for piece in corpora.cut_document(document, limit):
+                self.pieces += 1
+                yield piece, nbytes
+                nbytes = 0
 
     def warnings(self):
         if all(s.layout == "text" for s in self.sources):
-            return self.text.warnings()
-        return self.text.warnings()[:1] if self.text.cut else []
+            out = self.text.warnings()
+        else:                              # of the text files' warnings, the cut one holds for a mix of layouts
+            out = self.text.warnings()[:1] if self.text.cut else []
+        if self.cut:
+            size, where = self.longest
+            out.append(f"{self.cut} document(s) longer than --chunk_size_mb were cut into {self.pieces} pieces (the "
+                       f"longest: {size / 2**20:.1f} MB, {where}); random next sentences of a piece mostly come from "
+                       "that piece")
+        return out
 
 
 class DocumentFilter:
