@@ -447,6 +447,43 @@ def test_hf_reads_arrow_files_and_local_data_files(corpus):
     assert sources[0].layout == "hf" and docs == corpus.expected
 
 
+def test_a_save_to_disk_folder_is_read_from_its_own_files_only(corpus, tmp_path, capsys):
+    """A crafted folder read data from elsewhere (state.json's _data_files "../secret/...", or a split
+    that is a link out of the folder): 5 documents of another folder read, "0.00 MB of input", and the
+    resume fingerprint blind to that file. Refused in one line; the input size is the data read."""
+    import shutil
+
+    secret = files.write_hf(str(tmp_path / "secret"), corpus.docs[:5])
+    arrow = next(name for name in os.listdir(secret) if name.endswith(".arrow"))
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    for name in ("dataset_info.json", "state.json"):
+        shutil.copy(os.path.join(secret, name), crafted / name)
+    state = json.loads((crafted / "state.json").read_text())
+    state["_data_files"] = [{"filename": f"../secret/{arrow}"}]
+    (crafted / "state.json").write_text(json.dumps(state))
+    line = error_of(capsys, ["--input", crafted, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {crafted}: state.json's data file '../secret/{arrow}' is {secret}/{arrow}, "
+                           "outside the dataset folder"), line
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    os.symlink(secret, linked / "train")
+    line = error_of(capsys, ["--input", linked, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {linked}: dataset_dict.json's split 'train' is {secret}, outside"), line
+    assert not (tmp_path / "o" / "train").exists()
+    stats = run(corpus, tmp_path / "o", corpus.paths["hf"])
+    data = [os.path.join(corpus.paths["hf"], n) for n in os.listdir(corpus.paths["hf"]) if n.endswith(".arrow")]
+    assert stats["input_bytes"] == sum(map(os.path.getsize, data)) and stats["documents_kept"] == len(corpus.docs)
+    args = prepare_data.build_parser().parse_args(["--input", corpus.paths["hf"], "--output_dir", str(tmp_path / "o"),
+                                                   "--vocab_file", str(corpus.vocab)])
+    before = prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]]))
+    stamp = os.stat(data[0])
+    os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))   # the data file changed: a resume sees it
+    assert prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]])) != before
+    os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+
+
 def test_a_cached_hf_dataset_name_is_read_offline(corpus, tmp_path, monkeypatch):
     import datasets
 

@@ -164,7 +164,7 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
         elif os.path.isfile(path):
             sources.append(Source(path, input_format or detect_layout(path), os.path.getsize(path)))
         elif is_hf_folder(path) and input_format in (None, "hf"):
-            sources.append(Source(path, "hf", _folder_size(path)))
+            sources.append(Source(path, "hf", sum(map(os.path.getsize, hf_folder_files(path, options.hf_split)))))
         elif os.path.isdir(path):
             if skip and os.path.join(os.path.realpath(path), "") == skip:
                 raise CorpusError(f"--input {path} is the --output_dir: give the corpus and the shards folders of "
@@ -212,8 +212,58 @@ def _folder_sources(path, input_format, skip):
     return sources
 
 
-def _folder_size(path):
-    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names)
+def hf_folder_files(path, split):
+    """The data files a save_to_disk folder is read from: those its state.json names (in a dataset
+    dict, those of `split`, or of every split where it has none). Every split and file, symlinks
+    resolved, must lie inside the folder: a crafted state.json or dataset_dict.json naming a path out
+    of it is refused, so what is read is what the folder's size and modification times cover."""
+    root = os.path.join(os.path.realpath(path), "")
+    if not os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        return _split_files(path, root, path, "")
+    splits = _saved_json(path, "dataset_dict.json").get("splits")
+    if not isinstance(splits, list) or not all(isinstance(name, str) for name in splits):
+        raise CorpusError(f"{path}: dataset_dict.json has no list of split names ('splits'), as save_to_disk writes")
+    files = {}
+    for name in splits:
+        folder = os.path.join(path, name)
+        _check_inside(root, folder, f"{path}: dataset_dict.json's split {name!r}")
+        files[name] = _split_files(path, root, folder, f"{name}/")
+    return files.get(split) or [f for split_files in files.values() for f in split_files]
+
+
+def _split_files(path, root, folder, prefix):
+    state = _saved_json(path, f"{prefix}state.json")
+    entries = state.get("_data_files")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                                for e in entries):
+        raise CorpusError(f"{path}: {prefix}state.json has no list of data files ('_data_files'), as save_to_disk "
+                          "writes")
+    files = [os.path.join(folder, e["filename"]) for e in entries]
+    for entry, f in zip(entries, files):
+        what = f"{path}: {prefix}state.json's data file {entry['filename']!r}"
+        _check_inside(root, f, what)
+        if not os.path.isfile(f):
+            raise CorpusError(f"{what} is missing")
+    return files
+
+
+def _saved_json(path, name):
+    try:
+        with open(os.path.join(path, name), encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise CorpusError(f"{path}: {name} is not readable JSON, as save_to_disk writes ({type(e).__name__}: "
+                          f"{e})") from None
+    if not isinstance(value, dict):
+        raise CorpusError(f"{path}: {name} is {json_kind(value)}, not the object save_to_disk writes")
+    return value
+
+
+def _check_inside(root, path, what):
+    real = os.path.realpath(path)
+    if not real.startswith(root):
+        raise CorpusError(f"{what} is {real}, outside the dataset folder: a folder is read from its own files only "
+                          "(refused)")
 
 
 # ----------------------------------------------------------------------------- byte streams
