@@ -313,6 +313,24 @@ def test_xml_that_is_not_a_mediawiki_dump_and_unknown_layouts_are_refused(corpus
     assert f"{blob}: cannot tell the layout" in line and "--input_format" in line
 
 
+def test_entity_tricks_are_refused_saying_what_was_refused(corpus, tmp_path, capsys):
+    """An external entity (XXE) and a 'billion laughs' file were refused as "the file may be cut short"."""
+    page = files._page("T", 0, "Some words here. %s more words.", 1)
+    root = f'<mediawiki xmlns="{files.EXPORT_NS}">\n'
+    xxe = tmp_path / "xxe-pages-articles.xml"
+    xxe.write_text('<!DOCTYPE mediawiki [<!ENTITY xxe SYSTEM "file:///etc/hostname">]>\n' + root
+                   + page.replace("%s", "&xxe;") + "</mediawiki>\n")
+    lol = tmp_path / "lol-pages-articles.xml"
+    entities = "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 10))
+    lol.write_text(f'<!DOCTYPE mediawiki [<!ENTITY l0 "lol">{entities}]>\n' + root + page.replace("%s", "&l9;")
+                   + "</mediawiki>\n")
+    for path, refused in ((xxe, "an entity the file does not define (no external entity, XXE, is ever read)"),
+                          (lol, "entities that expand beyond the parser's limit (a 'billion laughs' file)")):
+        line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+        assert line.startswith(f"error: {path}: refused at line ") and refused in line, line
+        assert "cut short" not in line
+
+
 def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     line = error_of(capsys, ["--input", "someone/no-such-corpus", "--input_format", "hf", "--hf_split", "train",

@@ -37,6 +37,7 @@ import lzma
 import os
 import re
 import xml.etree.ElementTree as ElementTree
+from xml.parsers import expat
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
@@ -532,14 +533,32 @@ def _read_mediawiki(source, options, counts):
                 yield (Wikitext(text) if text else None), pos - last
                 last = pos
         except ElementTree.ParseError as e:
-            line, column = e.position
-            raise CorpusError(f"{path}: not well-formed XML at line {line}, column {column} ({e}); "
-                              "the file may be cut short") from None
+            raise _xml_error(path, e) from None
         except (EOFError, OSError) as e:
             raise corrupt_data_error(path, raw, e) from None
         if root is None:
             raise CorpusError(f"{path}: empty, not a MediaWiki XML dump")
         yield None, os.path.getsize(path) - last
+
+
+# What expat refuses of a file that declares entities (MediaWiki exports declare none), in words.
+_XML_REFUSED = {
+    expat.errors.XML_ERROR_UNDEFINED_ENTITY: "an entity the file does not define (no external entity, XXE, is "
+                                             "ever read)",
+    expat.errors.XML_ERROR_RECURSIVE_ENTITY_REF: "an entity that refers to itself",
+    getattr(expat.errors, "XML_ERROR_AMPLIFICATION_LIMIT_BREACH", "amplification"):
+        "entities that expand beyond the parser's limit (a 'billion laughs' file)"}
+_XML_CUT = {expat.errors.XML_ERROR_NO_ELEMENTS, expat.errors.XML_ERROR_UNCLOSED_TOKEN, expat.errors.XML_ERROR_PARTIAL_CHAR}
+
+
+def _xml_error(path, error):
+    """The one line for XML expat would not read: what it refused, or where it is not well-formed."""
+    line, column = error.position
+    reason = expat.errors.messages.get(error.code)
+    if reason in _XML_REFUSED:
+        return CorpusError(f"{path}: refused at line {line}, column {column}: {_XML_REFUSED[reason]} ({error})")
+    cut = "; the file may be cut short" if reason in _XML_CUT else ""
+    return CorpusError(f"{path}: not well-formed XML at line {line}, column {column} ({error}){cut}")
 
 
 def _read_parquet(source, options, counts):
