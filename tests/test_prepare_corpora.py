@@ -331,6 +331,20 @@ def test_entity_tricks_are_refused_saying_what_was_refused(corpus, tmp_path, cap
         assert "cut short" not in line
 
 
+def test_empty_files_are_named(corpus, tmp_path, caplog):
+    """A 0-byte .gz or .zst (a download that failed) was read as nothing without a word; an empty
+    plain file is warned about the same way."""
+    for name in ("empty.txt", "empty.jsonl.gz", "empty.jsonl.zst"):
+        (tmp_path / name).write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        stats = run(corpus, tmp_path / "o", corpus.paths["jsonl_gz"], *(tmp_path / n for n in ("empty.txt",
+                    "empty.jsonl.gz", "empty.jsonl.zst")))
+    assert stats["documents_kept"] == len(corpus.docs)
+    assert f"{tmp_path / 'empty.txt'}: an empty file (0 bytes): it gives no documents" in caplog.text
+    for name, kind in (("empty.jsonl.gz", "gzip"), ("empty.jsonl.zst", "zstd")):
+        assert f"{tmp_path / name}: an empty file (0 bytes), so not even {kind} data" in caplog.text
+
+
 def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     line = error_of(capsys, ["--input", "someone/no-such-corpus", "--input_format", "hf", "--hf_split", "train",

@@ -182,6 +182,11 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
             looks_like_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path) and not os.path.splitext(path)[1]
             hint = " (a Hugging Face dataset name needs --input_format hf)" if looks_like_name else ""
             raise CorpusError(f"--input {path}: no such file or folder{hint}")
+    for source in sources:
+        if source.size == 0 and os.path.isfile(source.path):
+            kind = compression(source.path)
+            logger.warning("%s: an empty file (0 bytes)%s: it gives no documents", source.path,
+                           f", so not even {kind} data (a download or copy that failed?)" if kind else "")
     return sources
 
 
