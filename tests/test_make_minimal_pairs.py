@@ -90,6 +90,16 @@ def test_each_kind_corrupts_as_documented(corpus, tmp_path):
             assert between < mmp.FREQUENCY_NEIGHBOURS
 
 
+def test_a_compressed_corpus_gives_the_same_pairs(corpus, tmp_path):
+    """corpus.txt.gz was refused as "binary data", where prepare_data reads it."""
+    import gzip
+
+    path, _ = corpus
+    packed = tmp_path / "corpus.txt.gz"
+    packed.write_bytes(gzip.compress(open(path, "rb").read()))
+    assert _make(str(packed), tmp_path / "a.jsonl") == _make(path, tmp_path / "b.jsonl")
+
+
 def test_the_same_seed_gives_the_same_file(corpus, tmp_path):
     path, _ = corpus
     first = _make(path, tmp_path / "a.jsonl", "--seed", "5")

@@ -66,7 +66,7 @@ def build_parser():
     p = argparse.ArgumentParser(description="Make minimal pairs (BLiMP's jsonl layout) from the held-out "
                                             "documents of a text corpus.")
     p.add_argument("--input", required=True, help="corpus: one sentence per line, blank line between documents "
-                                                   "(a file, or a folder of .txt files)")
+                                                   "(a file, .gz/.bz2/.xz/.zst too, or a folder of .txt files)")
     p.add_argument("--output", required=True, help="the .jsonl file to write")
     p.add_argument("--seed", type=int, default=0, help="seed of the corruptions and of the probe-suite split")
     p.add_argument("--pairs_per_kind", type=int, default=250, help="pairs of each kind (at most)")

@@ -236,7 +236,7 @@ def list_input_files(paths, exclude=None):
     """The input files in order: each file as given, each folder's .txt files sorted (recursive).
 
     Files under the folder `exclude` (the output folder, whose vocab.txt is no input) are skipped.
-    A binary file (a NUL byte in its first 64 KB) is refused.
+    A binary file (a NUL byte in its first 64 KB, decompressed: .gz, .bz2, .xz, .zst are read) is refused.
     """
     files = []
     skip = os.path.join(os.path.realpath(exclude), "") if exclude else None
@@ -254,8 +254,7 @@ def list_input_files(paths, exclude=None):
         else:
             raise InputNotFoundError(f"--input {path}: no such file or folder")
     for path in files:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
+        head = corpora.read_head(path, 1 << 16)
         if b"\0" in head:
             raise PrepareDataError(f"{path}: binary data (a NUL byte at offset {head.index(0)}), not text; "
                                    "give UTF-8 text files only")
