@@ -345,6 +345,14 @@ def test_empty_files_are_named(corpus, tmp_path, caplog):
         assert f"{tmp_path / name}: an empty file (0 bytes), so not even {kind} data" in caplog.text
 
 
+def test_a_prefix_with_a_path_in_it_is_refused(corpus, tmp_path, capsys):
+    """--prefix a/b was h5py's errno line, after the work."""
+    line = error_of(capsys, ["--input", corpus.paths["jsonl_gz"], "--prefix", "a/b", *base(corpus, tmp_path / "p")])
+    assert line == "error: --prefix 'a/b': a file name prefix, not a path; the shards go in --output_dir's train/ " \
+        "and validation/"
+    assert not (tmp_path / "p").exists()
+
+
 def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     line = error_of(capsys, ["--input", "someone/no-such-corpus", "--input_format", "hf", "--hf_split", "train",

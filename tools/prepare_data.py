@@ -1458,6 +1458,9 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    if args.prefix is not None and (os.path.basename(args.prefix) != args.prefix or args.prefix in ("", ".", "..")):
+        raise PrepareDataError(f"--prefix {args.prefix!r}: a file name prefix, not a path; the shards go in "
+                               "--output_dir's train/ and validation/")
 
 
 def check_output_dir(args, resuming=False, part_tag=None):
