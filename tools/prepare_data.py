@@ -429,7 +429,7 @@ class CorpusReader:
             if not limit or not document or len(document) <= limit:
                 yield document, nbytes
                 continue
-            where = f"{source.path}, {corpora.RECORDS[source.layout]} {number}"
+            where = f"{source.path}, {corpora.RECORDS.get(source.layout, 'record')} {number}"
             logger.warning("%s: a document of %.1f MB of text, more than --chunk_size_mb (%.2f MB): cut into pieces "
                            "of that size", where, len(document) / 2**20, limit / 2**20)
             self.cut += 1
