@@ -182,7 +182,8 @@ def test_bad_pair_files_are_one_error_line(tiny, tmp_path, capsys):
 @pytest.mark.parametrize("bad,expected", [
     ('{"sentence_good": "The river \\ud800 town", "sentence_bad": "x y", "UID": "u", "pairID": "1"}',
      "2: sentence_good holds a lone surrogate \\ud800 at character 11"),
-    ("[" * 100_000, "2: not JSON this reader takes (arrays or objects nested too deeply)")], ids=["surrogate", "nesting"])
+    ("[" * 100_000, "2: not JSON this reader takes (arrays or objects nested too deeply)")],
+    ids=["surrogate", "nesting"])
 def test_a_pair_line_that_holds_no_text_is_one_error_line(tiny, tmp_path, capsys, bad, expected):
     """What json.loads reads into no text: a lone surrogate half (a TypeError traceback in the tokenizer)
     and 100,000 nested [ (a RecursionError)."""

@@ -37,8 +37,8 @@ import lzma
 import os
 import re
 import xml.etree.ElementTree as ElementTree
-from xml.parsers import expat
 from dataclasses import dataclass, field
+from xml.parsers import expat
 
 logger = logging.getLogger(__name__)
 
@@ -467,7 +467,8 @@ def _read_jsonl(source, options, counts):
             if not isinstance(record, dict):
                 problem = f"line {number} is {json_kind(record)}, not an object with a field {name!r}"
             elif text is KeyError:
-                problem = f"line {number} has no field {name!r} (it has: {', '.join(list(record)[:12])}); give --text_field"
+                keys = ", ".join(list(record)[:12])
+                problem = f"line {number} has no field {name!r} (it has: {keys}); give --text_field"
                 if not seen_field and not options.skip_bad_records:
                     raise CorpusError(f"{source.path}: {problem}")
             else:
@@ -553,7 +554,8 @@ _XML_REFUSED = {
     expat.errors.XML_ERROR_RECURSIVE_ENTITY_REF: "an entity that refers to itself",
     getattr(expat.errors, "XML_ERROR_AMPLIFICATION_LIMIT_BREACH", "amplification"):
         "entities that expand beyond the parser's limit (a 'billion laughs' file)"}
-_XML_CUT = {expat.errors.XML_ERROR_NO_ELEMENTS, expat.errors.XML_ERROR_UNCLOSED_TOKEN, expat.errors.XML_ERROR_PARTIAL_CHAR}
+_XML_CUT = {expat.errors.XML_ERROR_NO_ELEMENTS, expat.errors.XML_ERROR_UNCLOSED_TOKEN,
+            expat.errors.XML_ERROR_PARTIAL_CHAR}     # where expat met the end of the file
 
 
 def _xml_error(path, error):
@@ -736,11 +738,11 @@ def _drop_heavy(text):
 
 # mwparserfromhell's tokenizer retries a construct that never closes at every later position: an
 # unclosed external link, tag or link is quadratic in the page (70 s for 0.24 MB of "[http://a.b "),
-# an external link nested in another's title doubles the work per level (20 of them: 1 s, 40:
+# an external link nested in another's title doubles the work per level (20 of them: 1 s, 1,000:
 # beyond 10 minutes), and a long heading line of entities is quadratic too. So the brackets and
 # tags that never close are escaped before it parses (as HTML entities: the same text comes out),
-# links are nested at most _MAX_NESTING deep and never inside an external link, and the parser
-# sees at most _PARSE_BLOCK characters at a time, cut where nothing is open.
+# links and tags nest at most _MAX_NESTING deep and no link opens inside an external link's title,
+# and the parser sees at most _PARSE_BLOCK characters at a time, cut where nothing is open.
 _PARSE_BLOCK = 16384
 _MAX_NESTING = 8
 _ESCAPES = {"[": "&#91;", "<": "&lt;"}

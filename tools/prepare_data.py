@@ -1671,9 +1671,10 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
     for name, shard_set in shard_sets.items():
         stats = summary.sets[name]
         stats.shard_sizes = shard_set.sizes
-        if stats.documents == 0 and name == TRAIN and summary.read.get("bad_records"):
-            raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {summary.read['bad_records']} "
-                                   "bad records skipped (--skip_bad_records); without that flag the first is named")
+        skipped = summary.read.get("bad_records") if name == TRAIN else 0
+        if stats.documents == 0 and skipped:
+            raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {skipped} bad records "
+                                   "skipped (--skip_bad_records); without that flag the first is named")
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
