@@ -20,8 +20,12 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
    reduction MB/s (tools/corpora.py against mwparserfromhell's strip_code alone) and bz2
    decompression MB/s, for a projection to a Wikipedia dump. The other candidates are not in
    any requirements file: `pip install pysbd syntok spacy` first (a missing one is skipped).
+4. `--long_document_mb N`: the corpus with one more document of N MB of text first (a book, or a
+   corpus without document breaks, in one record), per layout at the largest `--workers`: the
+   peak RSS of the largest process, which the cut at --chunk_size_mb keeps bounded.
 
     python bench/bench_prepare.py --work /tmp/bp --mb 20 --workers 1 2 --splitters
+    python bench/bench_prepare.py --work /tmp/bp --mb 2 --long_document_mb 40 --layouts jsonl --workers 2
     nice python bench/bench_prepare.py --work /tmp/bp --mb 200 --layouts jsonl --workers 1 2 --resume jsonl \
         --output bench/results/prepare.jsonl
 """
@@ -75,6 +79,17 @@ class ZipfDocuments:
             size += sum(map(len, doc)) + len(doc)
             d += 1
             yield f"Article {d}", doc
+
+
+class WithLongDocument:
+    """ZipfDocuments(mb) after one document of `long_mb` MB of text, made of other documents' paragraphs."""
+
+    def __init__(self, mb, long_mb):
+        self.mb, self.long_mb = mb, long_mb
+
+    def __call__(self):
+        yield "Long", [p for _, doc in ZipfDocuments(self.long_mb, seed=1)() for p in doc]
+        yield from ZipfDocuments(self.mb)()
 
 
 def write_corpus(layout, folder, make):
@@ -191,6 +206,26 @@ def bench_layouts(args, make, text_bytes, vocab):
             if layout != args.resume:
                 shutil.rmtree(out)
     return records, inputs
+
+
+def bench_long_document(args, vocab):
+    """Peak memory with one document of --long_document_mb MB in the corpus, per layout."""
+    records = []
+    for layout in args.layouts:
+        path = write_corpus(layout, os.path.join(args.work, f"in_long_{layout}_{args.long_document_mb}"),
+                            WithLongDocument(args.mb, args.long_document_mb))
+        out = os.path.join(args.work, f"out_long_{layout}")
+        workers = max(args.workers)
+        stats, wall, peak_sum, peak_one = run_prepare(prepare_cmd(path, layout, out, vocab, workers), out)
+        rec = {"layout": layout, "workers": workers, "long_document_mb": args.long_document_mb,
+               "other_text_mb": args.mb, "input_mb": round(stats["input_bytes"] / 1e6, 1),
+               "seconds": round(stats["seconds"], 1), "wall_seconds": round(wall, 1),
+               "peak_rss_mb_all_processes": round(peak_sum), "peak_rss_mb_largest_process": round(peak_one),
+               "documents_read": stats["documents_read"], "sequences": stats["sequences"]}
+        logger.info("%s", rec)
+        records.append(rec)
+        shutil.rmtree(out)
+    return records
 
 
 def bench_reading(args, make, text_bytes):
@@ -328,6 +363,8 @@ def main(argv=None):
     p.add_argument("--splitters", action="store_true", help="also the splitter and wikitext measurements")
     p.add_argument("--reading", action="store_true",
                    help="only the main process's reading and filtering per layout (no prepare_data runs)")
+    p.add_argument("--long_document_mb", type=float, default=None,
+                   help="only the peak memory with one more document of this many MB of text, per layout")
     p.add_argument("--vocab_mb", type=float, default=10, help="MB of generated text the bench's vocab is trained on")
     p.add_argument("--output", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
@@ -349,6 +386,9 @@ def main(argv=None):
     records = []
     if args.reading:
         records += bench_reading(args, make, text_bytes)
+        args.layouts = []
+    if args.long_document_mb:
+        records += bench_long_document(args, vocab)
         args.layouts = []
     if args.splitters:
         records += bench_splitters(ZipfDocuments(5)) + bench_wikitext(ZipfDocuments(5))

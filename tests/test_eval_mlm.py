@@ -179,6 +179,27 @@ def test_bad_pair_files_are_one_error_line(tiny, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "out" / "results.json")
 
 
+@pytest.mark.parametrize("bad,expected", [
+    ('{"sentence_good": "The river \\ud800 town", "sentence_bad": "x y", "UID": "u", "pairID": "1"}',
+     "2: sentence_good holds a lone surrogate \\ud800 at character 11"),
+    ("[" * 100_000, "2: not JSON this reader takes (arrays or objects nested too deeply)")],
+    ids=["surrogate", "nesting"])
+def test_a_pair_line_that_holds_no_text_is_one_error_line(tiny, tmp_path, capsys, bad, expected):
+    """What json.loads reads into no text: a lone surrogate half (a TypeError traceback in the tokenizer)
+    and 100,000 nested [ (a RecursionError)."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(some_pairs(1)[0]) + "\n" + bad + "\n")
+    line = _error_line(capsys, ["--model", tiny["job"], "--output_dir", str(tmp_path / "out"), "--pairs", str(path)])
+    assert line.startswith(f"error: {path}:{expected}"), line
+    assert not os.path.exists(tmp_path / "out" / "results.json")
+
+
+def test_a_byte_order_mark_before_the_pairs_is_read(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(p) + "\n" for p in some_pairs(2)).encode())
+    assert [p.good for p in eval_mlm.read_pairs(str(path))] == [p["sentence_good"] for p in some_pairs(2)]
+
+
 def test_text_and_validation_set_beside_the_unigram_baseline(tiny, scorer, tmp_path):
     rng = np.random.default_rng(2)
     lines = [_sentence(rng, n) for n in (6, 9, 4)] + ["", " ".join(["w7"] * 130)]  # the last is chunked

@@ -139,6 +139,19 @@ def test_each_kind_corrupts_as_documented(corpus, tmp_path):
             assert between < mmp.FREQUENCY_NEIGHBOURS
 
 
+def test_a_compressed_corpus_gives_the_same_pairs(corpus, tmp_path):
+    """The corpus where it is now, its text compressed (--input): read as prepare_data reads it
+    (corpus.txt.gz was refused as "binary data"), the same pairs as from the recorded input."""
+    import gzip
+    import shutil
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(corpus.folder / "a_web.jsonl", moved / "a_web.jsonl")
+    (moved / "b_books.txt.gz").write_bytes(gzip.compress((corpus.folder / "b_books.txt").read_bytes()))
+    assert _make(corpus, tmp_path / "a.jsonl", "--input", str(moved)) == _make(corpus, tmp_path / "b.jsonl")
+
+
 def test_the_same_seed_gives_the_same_file(corpus, tmp_path):
     first = _make(corpus, tmp_path / "a.jsonl", "--seed", "5")
     assert _make(corpus, tmp_path / "b.jsonl", "--seed", "5") == first

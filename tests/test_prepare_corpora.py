@@ -87,6 +87,61 @@ def test_wikitext_loses_its_markup_and_keeps_link_text():
     assert corpora.wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
 
 
+def tokenizer_reads(monkeypatch, budget_per_char=400):
+    """A function: wikitext -> the characters mwparserfromhell's tokenizer reads to reduce it (every
+    re-read after a retry counted), on its pure-Python tokenizer (the same algorithm as the C one,
+    whose work cannot be counted). It stops past `budget_per_char` reads a character."""
+    from mwparserfromhell import parser
+    from mwparserfromhell.parser.tokenizer import Tokenizer
+
+    monkeypatch.setattr(parser, "use_c", False)
+    count = [0, 0]                        # reads, budget
+    real_read = Tokenizer._read
+
+    def counted_read(self, *args, **kwargs):
+        count[0] += 1
+        assert count[0] < count[1], f"more than {count[1]} reads: a retry at every later position"
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "_read", counted_read)
+
+    def reads(text):
+        count[:] = [0, budget_per_char * len(text)]
+        corpora.wikitext_to_text(text)
+        return count[0]
+    return reads
+
+
+@pytest.mark.parametrize("unit,end", [("[http://a.b ", ""), ("<span>x ", ""), ("[[a|[http://a.b ", ""),
+                                      ("[http://a.b [", "]")],
+                         ids=["external_link", "tag", "link_and_external_link", "nested_external_links"])
+def test_wikitext_reduction_is_linear_in_markup_that_never_closes(monkeypatch, unit, end):
+    """The parser retried a link or tag that never closes at every later position (a 0.24 MB page of
+    "[http://a.b " took 70 s: quadratic) and an external link in another's title doubled its work
+    per level: four times the page is now about four times the work, not 16."""
+    reads = tokenizer_reads(monkeypatch)
+    small, large = (reads("Intro.\n" + unit * n + end) for n in (150, 600))
+    assert large < 6 * small, (small, large)
+    # what never closes is text, as before; what closes is reduced as before
+    assert corpora.wikitext_to_text("See [http://a.b the site] and [http://c.d more\n<span>x [[a|b]] [[c d") == \
+        "See the site and [ more\n<span>x b [[c d"
+
+
+def test_a_long_page_is_parsed_in_bounded_pieces_to_the_same_text(monkeypatch):
+    """What bounds any page's parse, whatever its markup: the parser sees at most _PARSE_BLOCK
+    characters at a time, cut between lines where nothing is open, so the text is as parsed whole."""
+    import mwparserfromhell
+
+    seen, real_parse = [], mwparserfromhell.parse
+    monkeypatch.setattr(mwparserfromhell, "parse", lambda text, **kw: seen.append(len(text)) or real_parse(text, **kw))
+    pages = [files.wikitext(i, doc) for i, (_, doc) in enumerate(files.synthetic_documents(40, seed=1))]
+    one_page = "\n\n".join(pages)
+    assert len(one_page) > 4 * corpora._PARSE_BLOCK
+    text = corpora.wikitext_to_text(one_page)
+    assert 0 < max(seen) <= corpora._PARSE_BLOCK
+    assert text == "\n".join(corpora.wikitext_to_text(page) for page in pages)
+
+
 def run(corpus, out, *inputs, fmt="bing", extra=()):
     argv = ["--input", *map(str, inputs), "--output_dir", str(out), "--format", fmt, "--vocab_file", str(corpus.vocab),
             "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", *map(str, extra)]
@@ -117,6 +172,35 @@ def test_duplicates_and_short_documents_are_dropped_and_counted(corpus, tmp_path
     assert stats["documents_read"] == len(corpus.docs) + 7
     assert stats["duplicates"] == 5 and stats["too_short"] == 1
     assert stats["documents_kept"] == len(corpus.docs) + 1  # the upper-cased first paragraph is new text
+
+
+LONG_WRITERS = {
+    "jsonl": lambda root, docs: files.write_jsonl(str(root / "docs.jsonl"), docs),
+    "parquet": lambda root, docs: files.write_parquet(str(root / "docs.parquet"), docs),
+    "hf": lambda root, docs: files.write_hf(str(root / "hf_saved"), docs),
+    "mediawiki": lambda root, docs: files.write_mediawiki(str(root / "testwiki-pages-articles.xml"), docs),
+    "wikiextractor": lambda root, docs: files.write_wikiextractor(str(root / "extracted"), docs),
+    "text_docs": lambda root, docs: files.write_text_docs(str(root / "docs.txt"), docs)}
+
+
+@pytest.mark.parametrize("layout", list(LONG_WRITERS))
+def test_a_document_longer_than_the_chunk_size_is_cut_in_every_layout(corpus, tmp_path, caplog, layout):
+    """Only plain text was cut at --chunk_size_mb: one 40 MB JSON line peaked at 2.4 GB in a worker.
+    Now no document handed on is longer, in any layout, none of the text is lost, and it is said."""
+    long_document = ("Long", [p for _, doc in corpus.docs for p in doc])
+    path = LONG_WRITERS[layout](tmp_path, [long_document] + corpus.docs[:3])
+    sources = corpora.find_sources([path], "text_docs" if layout == "text_docs" else None)
+    whole = [doc for doc, _ in prepare_data.CorpusReader(sources, corpora.ReadOptions()) if doc]
+    limit = 4096
+    assert len(whole[0]) > 4 * limit
+    reader = prepare_data.CorpusReader(sources, corpora.ReadOptions(), max_document_bytes=limit)
+    with caplog.at_level("WARNING"):
+        pieces = [doc for doc, _ in reader if doc]
+    assert max(map(len, pieces)) <= limit and len(pieces) > len(whole) + 3
+    assert "".join(pieces) == "".join(whole)
+    assert f"{corpora.RECORDS[layout]} 1: a document of " in caplog.text and "more than --chunk_size_mb" in caplog.text
+    (warning,) = reader.warnings()
+    assert warning.startswith(f"1 document(s) longer than --chunk_size_mb were cut into {len(pieces) - 3} pieces")
 
 
 def test_text_docs_is_one_document_a_line(corpus, tmp_path):
@@ -151,6 +235,33 @@ def test_bad_json_line_is_refused_or_skipped_and_counted(corpus, tmp_path, capsy
     assert stats["bad_records"] == 1 and stats["documents_kept"] == 2
 
 
+GOOD_LINE = json.dumps({"text": "Fine text of a document here. And more."})
+
+
+@pytest.mark.parametrize("bad,expected", [
+    ('{"text": "The river \\ud800 town"}', "line 2: field 'text' holds a lone surrogate \\ud800 at character 11"),
+    ("[" * 100_000, "line 2 is not JSON this reader takes (arrays or objects nested too deeply)"),
+    ("null", "line 2 is null, not an object with a field 'text'"),
+    ('{"text": 7}', "line 2: field 'text' is a number, not a string")], ids=["surrogate", "nesting", "null", "number"])
+def test_a_json_line_that_holds_no_text_is_one_bad_record(corpus, tmp_path, capsys, bad, expected):
+    """Lines json.loads reads into what is no text (a lone surrogate half, which no UTF-8 encoder takes,
+    was a UnicodeEncodeError traceback; 100,000 nested [ a RecursionError): one line, or skipped and counted."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{GOOD_LINE}\n{bad}\n{GOOD_LINE.replace('Fine', 'Good')}\n")
+    line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {path}: {expected}") and "--skip_bad_records" in line, line
+    assert not (tmp_path / "o" / "train").exists()
+    stats = run(corpus, tmp_path / "o", path, extra=["--skip_bad_records"])
+    assert stats["bad_records"] == 1 and stats["documents_kept"] == 2
+
+
+def test_a_byte_order_mark_before_json_lines_is_read(corpus, tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + f"{GOOD_LINE}\n{GOOD_LINE.replace('Fine', 'Good')}\n".encode())
+    stats = run(corpus, tmp_path / "o", path)
+    assert stats["documents_kept"] == 2 and stats["bad_records"] == 0
+
+
 def test_missing_text_field_and_parquet_column_are_named(corpus, tmp_path, capsys):
     line = error_of(capsys, ["--input", corpus.paths["jsonl_gz"], "--text_field", "body", *base(corpus, tmp_path / "o")])
     assert "line 1 has no field 'body' (it has: id, title, text); give --text_field" in line
@@ -158,6 +269,27 @@ def test_missing_text_field_and_parquet_column_are_named(corpus, tmp_path, capsy
     assert f"{corpus.paths['parquet']}: parquet file has no column 'body' (it has: title, text)" in line
     line = error_of(capsys, ["--input", corpus.paths["hf"], "--text_field", "body", *base(corpus, tmp_path / "o")])
     assert "the dataset has no column 'body' (it has: title, text)" in line
+
+
+def test_parquet_and_hf_columns_that_hold_no_text_are_bad_records(corpus, tmp_path, capsys):
+    """Binary and list columns were dropped without a word (50 documents read, bad_records 0 and exit 0
+    from 1,050 rows): one line naming the file and row, or skipped and counted."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["\n".join(doc) for _, doc in corpus.docs]
+    binary, lists, hf = tmp_path / "binary.parquet", tmp_path / "lists.parquet", tmp_path / "hf_binary"
+    pq.write_table(pa.table({"text": pa.array([t.encode() for t in texts], pa.binary())}), binary)
+    pq.write_table(pa.table({"text": pa.array([[t] for t in texts], pa.list_(pa.string()))}), lists)
+    datasets.Dataset.from_dict({"text": [t.encode() for t in texts]}).save_to_disk(str(hf))
+    for path, kind in ((binary, "binary data"), (lists, "an array"), (hf, "binary data")):
+        line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+        assert line.startswith(f"error: {path}: row 1: column 'text' is {kind}, not a string (--skip_bad_records"), line
+    stats = run(corpus, tmp_path / "o", corpus.paths["parquet"], binary, lists, hf, extra=["--skip_bad_records"])
+    assert stats["documents_kept"] == len(texts) and stats["bad_records"] == 3 * len(texts)
+    line = error_of(capsys, ["--input", binary, "--skip_bad_records", *base(corpus, tmp_path / "o2")])
+    assert f"no document with tokens, and {len(texts)} bad records skipped (--skip_bad_records)" in line
 
 
 def test_truncated_compressed_files_are_refused_naming_the_byte(corpus, tmp_path, capsys):
@@ -179,6 +311,46 @@ def test_xml_that_is_not_a_mediawiki_dump_and_unknown_layouts_are_refused(corpus
     blob.write_bytes(gzip.compress(bytes(range(256)) * 4))
     line = error_of(capsys, ["--input", blob, *base(corpus, tmp_path / "o")])
     assert f"{blob}: cannot tell the layout" in line and "--input_format" in line
+
+
+def test_entity_tricks_are_refused_saying_what_was_refused(corpus, tmp_path, capsys):
+    """An external entity (XXE) and a 'billion laughs' file were refused as "the file may be cut short"."""
+    page = files._page("T", 0, "Some words here. %s more words.", 1)
+    root = f'<mediawiki xmlns="{files.EXPORT_NS}">\n'
+    xxe = tmp_path / "xxe-pages-articles.xml"
+    xxe.write_text('<!DOCTYPE mediawiki [<!ENTITY xxe SYSTEM "file:///etc/hostname">]>\n' + root
+                   + page.replace("%s", "&xxe;") + "</mediawiki>\n")
+    lol = tmp_path / "lol-pages-articles.xml"
+    entities = "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 10))
+    lol.write_text(f'<!DOCTYPE mediawiki [<!ENTITY l0 "lol">{entities}]>\n' + root + page.replace("%s", "&l9;")
+                   + "</mediawiki>\n")
+    for path, refused in ((xxe, "an entity the file does not define (no external entity, XXE, is ever read)"),
+                          (lol, "entities that expand beyond the parser's limit (a 'billion laughs' file)")):
+        line = error_of(capsys, ["--input", path, *base(corpus, tmp_path / "o")])
+        assert line.startswith(f"error: {path}: refused at line ") and refused in line, line
+        assert "cut short" not in line
+
+
+def test_empty_files_are_named(corpus, tmp_path, caplog):
+    """A 0-byte .gz or .zst (a download that failed) was read as nothing without a word; an empty
+    plain file is warned about the same way."""
+    for name in ("empty.txt", "empty.jsonl.gz", "empty.jsonl.zst"):
+        (tmp_path / name).write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        stats = run(corpus, tmp_path / "o", corpus.paths["jsonl_gz"], *(tmp_path / n for n in ("empty.txt",
+                    "empty.jsonl.gz", "empty.jsonl.zst")))
+    assert stats["documents_kept"] == len(corpus.docs)
+    assert f"{tmp_path / 'empty.txt'}: an empty file (0 bytes): it gives no documents" in caplog.text
+    for name, kind in (("empty.jsonl.gz", "gzip"), ("empty.jsonl.zst", "zstd")):
+        assert f"{tmp_path / name}: an empty file (0 bytes), so not even {kind} data" in caplog.text
+
+
+def test_a_prefix_with_a_path_in_it_is_refused(corpus, tmp_path, capsys):
+    """--prefix a/b was h5py's errno line, after the work."""
+    line = error_of(capsys, ["--input", corpus.paths["jsonl_gz"], "--prefix", "a/b", *base(corpus, tmp_path / "p")])
+    assert line == "error: --prefix 'a/b': a file name prefix, not a path; the shards go in --output_dir's train/ " \
+        "and validation/"
+    assert not (tmp_path / "p").exists()
 
 
 def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, monkeypatch):
@@ -313,6 +485,43 @@ def test_hf_reads_arrow_files_and_local_data_files(corpus):
     assert sources[0].layout == "hf" and docs == corpus.expected
     docs, _, sources = documents_of(corpus.paths["jsonl_gz"], input_format="hf")
     assert sources[0].layout == "hf" and docs == corpus.expected
+
+
+def test_a_save_to_disk_folder_is_read_from_its_own_files_only(corpus, tmp_path, capsys):
+    """A crafted folder read data from elsewhere (state.json's _data_files "../secret/...", or a split
+    that is a link out of the folder): 5 documents of another folder read, "0.00 MB of input", and the
+    resume fingerprint blind to that file. Refused in one line; the input size is the data read."""
+    import shutil
+
+    secret = files.write_hf(str(tmp_path / "secret"), corpus.docs[:5])
+    arrow = next(name for name in os.listdir(secret) if name.endswith(".arrow"))
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    for name in ("dataset_info.json", "state.json"):
+        shutil.copy(os.path.join(secret, name), crafted / name)
+    state = json.loads((crafted / "state.json").read_text())
+    state["_data_files"] = [{"filename": f"../secret/{arrow}"}]
+    (crafted / "state.json").write_text(json.dumps(state))
+    line = error_of(capsys, ["--input", crafted, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {crafted}: state.json's data file '../secret/{arrow}' is {secret}/{arrow}, "
+                           "outside the dataset folder"), line
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    os.symlink(secret, linked / "train")
+    line = error_of(capsys, ["--input", linked, *base(corpus, tmp_path / "o")])
+    assert line.startswith(f"error: {linked}: dataset_dict.json's split 'train' is {secret}, outside"), line
+    assert not (tmp_path / "o" / "train").exists()
+    stats = run(corpus, tmp_path / "o", corpus.paths["hf"])
+    data = [os.path.join(corpus.paths["hf"], n) for n in os.listdir(corpus.paths["hf"]) if n.endswith(".arrow")]
+    assert stats["input_bytes"] == sum(map(os.path.getsize, data)) and stats["documents_kept"] == len(corpus.docs)
+    args = prepare_data.build_parser().parse_args(["--input", corpus.paths["hf"], "--output_dir", str(tmp_path / "o"),
+                                                   "--vocab_file", str(corpus.vocab)])
+    before = prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]]))
+    stamp = os.stat(data[0])
+    os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))   # the data file changed: a resume sees it
+    assert prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]])) != before
+    os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
 
 
 def test_a_cached_hf_dataset_name_is_read_offline(corpus, tmp_path, monkeypatch):

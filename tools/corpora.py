@@ -24,7 +24,9 @@ the file as stored (compressed ones count compressed bytes), for a progress bar 
 Sentences are split by blingfire (chosen by measurement against pysbd, syntok and spaCy's rule
 based sentencizer: bench/README.md, "Corpora in"); `SPLITTERS` holds all four for the bench.
 """
+import bisect
 import bz2
+import functools
 import gzip
 import hashlib
 import importlib
@@ -36,6 +38,7 @@ import os
 import re
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
+from xml.parsers import expat
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +106,12 @@ def is_hf_folder(path):
                                     or os.path.isfile(os.path.join(path, "state.json")))
 
 
+HEAD_SPACE = b"\xef\xbb\xbf \t\r\n"    # what may come before a file's first byte of content: a BOM, white space
+
+
 def sniff(path, head):
     """The layout of a file from its (decompressed) first bytes, or None."""
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    text = head.lstrip(HEAD_SPACE)
     if text.startswith(b"<?xml") or text.startswith(b"<mediawiki"):
         return "mediawiki"
     if text.startswith(b"<doc "):
@@ -159,7 +165,7 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
         elif os.path.isfile(path):
             sources.append(Source(path, input_format or detect_layout(path), os.path.getsize(path)))
         elif is_hf_folder(path) and input_format in (None, "hf"):
-            sources.append(Source(path, "hf", _folder_size(path)))
+            sources.append(Source(path, "hf", sum(map(os.path.getsize, hf_folder_files(path, options.hf_split)))))
         elif os.path.isdir(path):
             if skip and os.path.join(os.path.realpath(path), "") == skip:
                 raise CorpusError(f"--input {path} is the --output_dir: give the corpus and the shards folders of "
@@ -176,6 +182,11 @@ def find_sources(paths, input_format=None, exclude=None, options=ReadOptions()):
             looks_like_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path) and not os.path.splitext(path)[1]
             hint = " (a Hugging Face dataset name needs --input_format hf)" if looks_like_name else ""
             raise CorpusError(f"--input {path}: no such file or folder{hint}")
+    for source in sources:
+        if source.size == 0 and os.path.isfile(source.path):
+            kind = compression(source.path)
+            logger.warning("%s: an empty file (0 bytes)%s: it gives no documents", source.path,
+                           f", so not even {kind} data (a download or copy that failed?)" if kind else "")
     return sources
 
 
@@ -207,8 +218,58 @@ def _folder_sources(path, input_format, skip):
     return sources
 
 
-def _folder_size(path):
-    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path) for n in names)
+def hf_folder_files(path, split):
+    """The data files a save_to_disk folder is read from: those its state.json names (in a dataset
+    dict, those of `split`, or of every split where it has none). Every split and file, symlinks
+    resolved, must lie inside the folder: a crafted state.json or dataset_dict.json naming a path out
+    of it is refused, so what is read is what the folder's size and modification times cover."""
+    root = os.path.join(os.path.realpath(path), "")
+    if not os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        return _split_files(path, root, path, "")
+    splits = _saved_json(path, "dataset_dict.json").get("splits")
+    if not isinstance(splits, list) or not all(isinstance(name, str) for name in splits):
+        raise CorpusError(f"{path}: dataset_dict.json has no list of split names ('splits'), as save_to_disk writes")
+    files = {}
+    for name in splits:
+        folder = os.path.join(path, name)
+        _check_inside(root, folder, f"{path}: dataset_dict.json's split {name!r}")
+        files[name] = _split_files(path, root, folder, f"{name}/")
+    return files.get(split) or [f for split_files in files.values() for f in split_files]
+
+
+def _split_files(path, root, folder, prefix):
+    state = _saved_json(path, f"{prefix}state.json")
+    entries = state.get("_data_files")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                                for e in entries):
+        raise CorpusError(f"{path}: {prefix}state.json has no list of data files ('_data_files'), as save_to_disk "
+                          "writes")
+    files = [os.path.join(folder, e["filename"]) for e in entries]
+    for entry, f in zip(entries, files):
+        what = f"{path}: {prefix}state.json's data file {entry['filename']!r}"
+        _check_inside(root, f, what)
+        if not os.path.isfile(f):
+            raise CorpusError(f"{what} is missing")
+    return files
+
+
+def _saved_json(path, name):
+    try:
+        with open(os.path.join(path, name), encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise CorpusError(f"{path}: {name} is not readable JSON, as save_to_disk writes ({type(e).__name__}: "
+                          f"{e})") from None
+    if not isinstance(value, dict):
+        raise CorpusError(f"{path}: {name} is {json_kind(value)}, not the object save_to_disk writes")
+    return value
+
+
+def _check_inside(root, path, what):
+    real = os.path.realpath(path)
+    if not real.startswith(root):
+        raise CorpusError(f"{what} is {real}, outside the dataset folder: a folder is read from its own files only "
+                          "(refused)")
 
 
 # ----------------------------------------------------------------------------- byte streams
@@ -324,7 +385,7 @@ def _decoded_lines(source):
                 except UnicodeDecodeError as e:
                     raise CorpusError(f"{path}: line {number} is not UTF-8 (byte 0x{line[e.start]:02x} at column "
                                       f"{e.start + 1}); convert the file first, e.g. iconv -f latin1 -t utf-8") from None
-                yield number, text, pos - last
+                yield number, text.removeprefix("\ufeff") if number == 1 else text, pos - last
                 last = pos
         except (EOFError, OSError) as e:
             raise corrupt_data_error(path, raw, e) from None
@@ -338,7 +399,7 @@ def _read_text_docs(source, options, counts):
 
 def _read_wikiextractor(source, options, counts):
     """<doc id url title> blocks (the title line that starts a block is skipped), or --json lines."""
-    if read_head(source.path).lstrip().startswith(b"{"):
+    if read_head(source.path).lstrip(HEAD_SPACE).startswith(b"{"):
         yield from _read_jsonl(source, replace_field(options, "text"), counts)
         return
     lines, title, consumed, start = None, None, 0, 0
@@ -391,26 +452,60 @@ def _read_jsonl(source, options, counts):
                 raise CorpusError(f"{source.path}: a JSON array, not JSON lines (one object per line); convert it, "
                                   "e.g. jq -c '.[]'") from None
             problem = f"line {number} is not JSON ({e.msg} at column {e.colno})"
+        except RecursionError:
+            problem = f"line {number} is not JSON this reader takes ({JSON_TOO_DEEP})"
         else:
             text = _field(record, name) if isinstance(record, dict) else KeyError
-            if isinstance(text, str):
-                seen_field = True
-                yield text, nbytes
-                continue
             if text is None:           # a null text: an empty document
                 yield None, nbytes
                 continue
-            if text is KeyError:
-                keys = ", ".join(list(record)[:12]) if isinstance(record, dict) else type(record).__name__
+            problem = not_text(text)
+            if problem is None:
+                seen_field = True
+                yield text, nbytes
+                continue
+            if not isinstance(record, dict):
+                problem = f"line {number} is {json_kind(record)}, not an object with a field {name!r}"
+            elif text is KeyError:
+                keys = ", ".join(list(record)[:12])
                 problem = f"line {number} has no field {name!r} (it has: {keys}); give --text_field"
                 if not seen_field and not options.skip_bad_records:
                     raise CorpusError(f"{source.path}: {problem}")
             else:
-                problem = f"line {number}: field {name!r} is a {type(text).__name__}, not a string"
-        if not options.skip_bad_records:
-            raise CorpusError(f"{source.path}: {problem} (--skip_bad_records skips and counts such records)")
-        counts.bad_records += 1
+                problem = f"line {number}: field {name!r} {problem}"
+        bad_record(source, options, counts, problem)
         yield None, nbytes
+
+
+JSON_TOO_DEEP = "arrays or objects nested too deeply"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+          dict: "an object", bytes: "binary data"}
+
+
+def json_kind(value):
+    """The kind of a value read from JSON (or Arrow), in JSON's words: null, a number, an array, ..."""
+    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
+
+
+def not_text(value):
+    """What makes a document's value no text ("is a number, not a string", "holds a lone surrogate
+    ..."), or None for a str of Unicode text. JSON's \\ud800 escapes decode to halves of a UTF-16
+    pair that no UTF-8 encoder (nor the tokenizer) takes."""
+    if not isinstance(value, str):
+        return f"is {json_kind(value)}, not a string"
+    lone = _SURROGATE.search(value)
+    if lone:
+        return (f"holds a lone surrogate \\u{ord(lone.group()):04x} at character {lone.start() + 1} "
+                "(half of a UTF-16 pair, not text)")
+    return None
+
+
+def bad_record(source, options, counts, problem):
+    """A record that is no document: one error line, or with --skip_bad_records counted."""
+    if not options.skip_bad_records:
+        raise CorpusError(f"{source.path}: {problem} (--skip_bad_records skips and counts such records)")
+    counts.bad_records += 1
 
 
 def _read_mediawiki(source, options, counts):
@@ -444,14 +539,33 @@ def _read_mediawiki(source, options, counts):
                 yield (Wikitext(text) if text else None), pos - last
                 last = pos
         except ElementTree.ParseError as e:
-            line, column = e.position
-            raise CorpusError(f"{path}: not well-formed XML at line {line}, column {column} ({e}); "
-                              "the file may be cut short") from None
+            raise _xml_error(path, e) from None
         except (EOFError, OSError) as e:
             raise corrupt_data_error(path, raw, e) from None
         if root is None:
             raise CorpusError(f"{path}: empty, not a MediaWiki XML dump")
         yield None, os.path.getsize(path) - last
+
+
+# What expat refuses of a file that declares entities (MediaWiki exports declare none), in words.
+_XML_REFUSED = {
+    expat.errors.XML_ERROR_UNDEFINED_ENTITY: "an entity the file does not define (no external entity, XXE, is "
+                                             "ever read)",
+    expat.errors.XML_ERROR_RECURSIVE_ENTITY_REF: "an entity that refers to itself",
+    getattr(expat.errors, "XML_ERROR_AMPLIFICATION_LIMIT_BREACH", "amplification"):
+        "entities that expand beyond the parser's limit (a 'billion laughs' file)"}
+_XML_CUT = {expat.errors.XML_ERROR_NO_ELEMENTS, expat.errors.XML_ERROR_UNCLOSED_TOKEN,
+            expat.errors.XML_ERROR_PARTIAL_CHAR}     # where expat met the end of the file
+
+
+def _xml_error(path, error):
+    """The one line for XML expat would not read: what it refused, or where it is not well-formed."""
+    line, column = error.position
+    reason = expat.errors.messages.get(error.code)
+    if reason in _XML_REFUSED:
+        return CorpusError(f"{path}: refused at line {line}, column {column}: {_XML_REFUSED[reason]} ({error})")
+    cut = "; the file may be cut short" if reason in _XML_CUT else ""
+    return CorpusError(f"{path}: not well-formed XML at line {line}, column {column} ({error}){cut}")
 
 
 def _read_parquet(source, options, counts):
@@ -471,7 +585,7 @@ def _read_parquet(source, options, counts):
         for text in table.column(0).to_pylist():
             done += 1
             share = done * source.size // rows
-            yield (text if isinstance(text, str) else None), share - given
+            yield _row_text(source, options, counts, done, text), share - given
             given = share
         del table
     if source.size > given:
@@ -555,15 +669,22 @@ def _read_hf(source, options, counts):
             for text in table[start:start + 1024].column(0).to_pylist():
                 done += 1
                 share = done * total // rows
-                yield (text if isinstance(text, str) else None), share - given
+                yield _row_text(source, options, counts, done, text), share - given
                 given = share
         if total > given:
             yield None, total - given
         return
-    for row in ds:                    # streaming (local data files)
-        text = row.get(name)
-        yield (text if isinstance(text, str) else None), 0
+    for number, row in enumerate(ds, start=1):     # streaming (local data files)
+        yield _row_text(source, options, counts, number, row.get(name)), 0
     yield None, source.size
+
+
+def _row_text(source, options, counts, number, text):
+    """A parquet or Arrow row's text; None for a null, or for a bad record (binary data, a list)."""
+    if text is None or isinstance(text, str):
+        return text
+    bad_record(source, options, counts, f"row {number}: column {options.text_field!r} {not_text(text)}")
+    return None
 
 
 READERS = {"text_docs": _read_text_docs, "mediawiki": _read_mediawiki, "wikiextractor": _read_wikiextractor,
@@ -615,12 +736,129 @@ def _drop_heavy(text):
     return "".join(out)
 
 
+# mwparserfromhell's tokenizer retries a construct that never closes at every later position: an
+# unclosed external link, tag or link is quadratic in the page (70 s for 0.24 MB of "[http://a.b "),
+# an external link nested in another's title doubles the work per level (20 of them: 1 s, 1,000:
+# beyond 10 minutes), and a long heading line of entities is quadratic too. So the brackets and
+# tags that never close are escaped before it parses (as HTML entities: the same text comes out),
+# links and tags nest at most _MAX_NESTING deep and no link opens inside an external link's title,
+# and the parser sees at most _PARSE_BLOCK characters at a time, cut where nothing is open.
+_PARSE_BLOCK = 16384
+_MAX_NESTING = 8
+_ESCAPES = {"[": "&#91;", "<": "&lt;"}
+
+
+@functools.lru_cache(maxsize=1)
+def _markup_tokens():
+    """What _unclosed scans for: [[, ]], an external link's [ (a URL scheme follows), ], a line
+    break, and tags (groups: "/" of a closing tag, the name, what follows it up to ">", the ">")."""
+    mw = require("mwparserfromhell", "reading MediaWiki wikitext")
+    schemes = "|".join(s + ("://" if slashes else ":") for s, slashes in sorted(mw.definitions.URI_SCHEMES.items()))
+    return re.compile(r"\[\[|\]\]|\[(?=%s|//)|\]|\n|<(/?)([A-Za-z][A-Za-z0-9]*)(?=([^<>\n]*)(>?))" % schemes,
+                      re.IGNORECASE), frozenset(mw.definitions.SINGLE)
+
+
+def _unclosed(text):
+    """(positions of the brackets and tag openers to escape, sorted; the line breaks where no
+    bracket or tag is open). One scan, whatever the page."""
+    tokens, single = _markup_tokens()
+    escape, quiet, stack = [], [], []        # stack: (kind, position): "[[", "[" (external) or a tag name
+    for m in tokens.finditer(text):
+        token, at = m.group(0), m.start()
+        if token == "\n":                    # an external link ends with its line
+            _escape_above(stack, next((i for i, (kind, _) in enumerate(stack) if kind == "["), len(stack)), escape)
+            if not stack:
+                quiet.append(at)
+        elif token[0] == "]":
+            _close(stack, "[[" if token == "]]" and any(kind == "[[" for kind, _ in stack) else "[", escape)
+        elif token[0] == "[":
+            _open(stack, token, at, escape)
+        else:
+            closing, name, attributes, end = m.groups()
+            name = name.lower()
+            if name in single or (end and attributes.endswith("/")):
+                continue
+            if closing:
+                _close(stack, name, escape)
+            elif end:
+                _open(stack, name, at, escape)
+            else:                             # no ">" on its line: no tag
+                escape.append(at)
+    _escape_above(stack, 0, escape)
+    return sorted(escape), quiet
+
+
+def _open(stack, kind, at, escape):
+    if len(stack) >= _MAX_NESTING or (kind[0] == "[" and stack and stack[-1][0] == "["):
+        escape.extend(_brackets(kind, at))
+    else:
+        stack.append((kind, at))
+
+
+def _close(stack, kind, escape):
+    """Close the innermost open `kind`, escaping what is open inside it; a closer of nothing is text."""
+    for depth in range(len(stack) - 1, -1, -1):
+        if stack[depth][0] == kind:
+            _escape_above(stack, depth + 1, escape)
+            stack.pop()
+            return
+
+
+def _escape_above(stack, depth, escape):
+    for kind, at in stack[depth:]:
+        escape.extend(_brackets(kind, at))
+    del stack[depth:]
+
+
+def _brackets(kind, at):
+    return (at, at + 1) if kind == "[[" else (at,)
+
+
+def _parse_blocks(text):
+    """`text` in pieces of at most _PARSE_BLOCK characters, cut at line breaks where nothing is open
+    (else at a line break, else a space), with _unclosed's brackets and tags escaped."""
+    escape, quiet = _unclosed(text)
+    start = 0
+    while start < len(text):
+        stop = _block_end(text, start, quiet)
+        lo, hi = bisect.bisect_left(escape, start), bisect.bisect_left(escape, stop)
+        out, pos = [], start
+        for at in escape[lo:hi]:
+            out += [text[pos:at], _ESCAPES[text[at]]]
+            pos = at + 1
+        out.append(text[pos:stop])
+        yield "".join(out)
+        start = stop
+
+
+def _block_end(text, start, quiet):
+    limit = start + _PARSE_BLOCK
+    if len(text) <= limit:
+        return len(text)
+    i = bisect.bisect_right(quiet, limit - 1) - 1
+    if i >= 0 and quiet[i] >= start:
+        return quiet[i] + 1
+    for mark in ("\n", " "):
+        at = text.rfind(mark, start, limit)
+        if at > start:
+            return at + 1
+    return limit
+
+
 def wikitext_to_text(wikitext):
     """Plain text of an article's wikitext: templates, tables, references, comments, files,
     categories, interlanguage links and headings removed, link text kept; paragraphs on lines."""
     mw = require("mwparserfromhell", "reading MediaWiki wikitext")
-    code = mw.parse(_drop_heavy(wikitext), skip_style_tags=True)
-    nodes = mw.nodes
+    pieces = []
+    for block in _parse_blocks(_drop_heavy(wikitext)):
+        text = _reduce(mw.parse(block, skip_style_tags=True), mw.nodes)
+        if text:                          # a block cut inside a line goes on on the same line
+            pieces += [text, "\n" if block.endswith("\n") else " "]
+    return "".join(pieces[:-1])
+
+
+def _reduce(code, nodes):
+    """The text of parsed wikitext, as wikitext_to_text returns it."""
     parts = []
     for node in code.nodes:
         if isinstance(node, nodes.Text):
@@ -721,6 +959,27 @@ def document_sentences(document, splitter):
 def document_size(document):
     """Characters of text in a document (the unit of --chunk_size_mb)."""
     return sum(map(len, document)) if isinstance(document, list) else len(document)
+
+
+def cut_document(document, limit):
+    """The pieces of a str document (a Wikitext stays one) of at most `limit` characters, in order,
+    each cut at its last line break, else sentence end (". "), else space in its second half, else
+    at `limit`: a worker then holds at most `limit` characters of it, whatever its size."""
+    kind, start = type(document), 0
+    while len(document) - start > limit:
+        stop = start + limit
+        for mark in ("\n", ". ", " "):
+            at = document.rfind(mark, start + limit // 2, stop)
+            if at >= 0:
+                stop = at + len(mark)
+                break
+        yield kind(document[start:stop])
+        start = stop
+    yield kind(document[start:])
+
+
+RECORDS = {"text_docs": "line", "jsonl": "line", "parquet": "row", "hf": "row", "mediawiki": "page",
+           "wikiextractor": "document"}   # what a reader yields once each, by layout
 
 
 def document_key(document):

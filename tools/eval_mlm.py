@@ -105,6 +105,7 @@ from torch.utils.data import DataLoader
 from bert_dataset_provider import ValidationSettings
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from tools import corpora
 from turing.batch import Batch, collate_batch
 from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
 from turing.errors import InputError
@@ -304,6 +305,8 @@ def _lines(path):
         raw = f.read().split(b"\n")
     if raw and raw[-1] == b"":
         raw.pop()
+    if raw:
+        raw[0] = raw[0].removeprefix(b"\xef\xbb\xbf")   # a BOM, as some editors write
     out = []
     for number, line in enumerate(raw, start=1):
         try:
@@ -332,6 +335,8 @@ def read_pairs(path):
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise EvalError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise EvalError(f"{path}:{number}: not JSON this reader takes ({corpora.JSON_TOO_DEEP})") from None
         if not isinstance(record, dict):
             raise EvalError(f"{path}:{number}: expected a JSON object with {', '.join(PAIR_FIELDS)}")
         missing = [k for k in PAIR_FIELDS if k not in record]
@@ -339,7 +344,10 @@ def read_pairs(path):
             raise EvalError(f"{path}:{number}: no {', '.join(missing)} field (BLiMP layout: "
                             f"{', '.join(PAIR_FIELDS)})")
         for key in ("sentence_good", "sentence_bad"):
-            if not isinstance(record[key], str) or not record[key].strip():
+            problem = corpora.not_text(record[key])
+            if problem:
+                raise EvalError(f"{path}:{number}: {key} {problem}")
+            if not record[key].strip():
                 raise EvalError(f"{path}:{number}: {key} must be a non-empty string")
         pairs.append(Pair(path, number, str(record["UID"]), str(record["pairID"]),
                           record["sentence_good"], record["sentence_bad"]))

@@ -251,7 +251,7 @@ def list_input_files(paths, exclude=None):
     """The input files in order: each file as given, each folder's .txt files sorted (recursive).
 
     Files under the folder `exclude` (the output folder, whose vocab.txt is no input) are skipped.
-    A binary file (a NUL byte in its first 64 KB) is refused.
+    A binary file (a NUL byte in its first 64 KB, decompressed: .gz, .bz2, .xz, .zst are read) is refused.
     """
     files = []
     skip = os.path.join(os.path.realpath(exclude), "") if exclude else None
@@ -269,8 +269,7 @@ def list_input_files(paths, exclude=None):
         else:
             raise InputNotFoundError(f"--input {path}: no such file or folder")
     for path in files:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
+        head = corpora.read_head(path, 1 << 16)
         if b"\0" in head:
             raise PrepareDataError(f"{path}: binary data (a NUL byte at offset {head.index(0)}), not text; "
                                    "give UTF-8 text files only")
@@ -424,21 +423,48 @@ def read_options(args):
 
 class CorpusReader:
     """The documents of every source in order (iterate: (document, bytes consumed)), the text
-    ones through a DocumentReader (so long documents are cut as there), and what was met."""
+    ones through a DocumentReader, and what was met. A document of more than `max_document_bytes`
+    of text is cut into pieces of at most that size in every layout, warned about and counted."""
 
     def __init__(self, sources, options, max_document_bytes=None):
         self.sources, self.options = sources, options
         self.text = DocumentReader([], max_document_bytes)
         self.counts = corpora.ReadCounts()
+        self.cut = self.pieces = 0         # records (of the other layouts) cut, and the pieces they became
+        self.longest = (0, "")             # (characters, where) of the longest
 
     def __iter__(self):
         for source in self.sources:
-            yield from corpora.read_documents(source, self.options, self.counts, self.text)
+            documents = corpora.read_documents(source, self.options, self.counts, self.text)
+            yield from documents if source.layout == "text" else self._cut(source, documents)
+
+    def _cut(self, source, documents):
+        limit = self.text.max_document_bytes
+        for number, (document, nbytes) in enumerate(documents, start=1):
+            if not limit or not document or len(document) <= limit:
+                yield document, nbytes
+                continue
+            where = f"{source.path}, {corpora.RECORDS.get(source.layout, 'record')} {number}"
+            logger.warning("%s: a document of %.1f MB of text, more than --chunk_size_mb (%.2f MB): cut into pieces "
+                           "of that size", where, len(document) / 2**20, limit / 2**20)
+            self.cut += 1
+            self.longest = max(self.longest, (len(document), where))
+            for piece in corpora.cut_document(document, limit):
+                self.pieces += 1
+                yield piece, nbytes
+                nbytes = 0
 
     def warnings(self):
         if all(s.layout == "text" for s in self.sources):
-            return self.text.warnings()
-        return self.text.warnings()[:1] if self.text.cut else []
+            out = self.text.warnings()
+        else:                              # of the text files' warnings, the cut one holds for a mix of layouts
+            out = self.text.warnings()[:1] if self.text.cut else []
+        if self.cut:
+            size, where = self.longest
+            out.append(f"{self.cut} document(s) longer than --chunk_size_mb were cut into {self.pieces} pieces (the "
+                       f"longest: {size / 2**20:.1f} MB, {where}); random next sentences of a piece mostly come from "
+                       "that piece")
+        return out
 
 
 class DocumentFilter:
@@ -1626,6 +1652,9 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    if args.prefix is not None and (os.path.basename(args.prefix) != args.prefix or args.prefix in ("", ".", "..")):
+        raise PrepareDataError(f"--prefix {args.prefix!r}: a file name prefix, not a path; the shards go in "
+                               "--output_dir's train/ and validation/")
 
 
 def check_output_dir(args, resuming=False, part_tag=None):
@@ -1841,6 +1870,10 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
     for name, shard_set in shard_sets.items():
         stats = summary.sets[name]
         stats.shard_sizes = shard_set.sizes
+        skipped = summary.read.get("bad_records") if name == TRAIN else 0
+        if stats.documents == 0 and skipped:
+            raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {skipped} bad records "
+                                   "skipped (--skip_bad_records); without that flag the first is named")
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
@@ -2069,7 +2102,8 @@ def build_parser():
     p.add_argument("--hf_split", default="train", help="hf: the split of a dataset dict or cached dataset")
     p.add_argument("--hf_config", default=None, help="hf: the configuration of a cached dataset")
     p.add_argument("--skip_bad_records", action="store_true",
-                   help="skip (and count) JSON lines that are not JSON or lack --text_field, instead of stopping")
+                   help="skip (and count) records that hold no text instead of stopping: JSON lines that are not "
+                        "JSON or lack --text_field, rows whose column is binary data or a list, ...")
     p.add_argument("--min_document_words", type=int, default=0,
                    help="drop documents of fewer words (counted in the summary and stats.json)")
     p.add_argument("--keep_duplicates", action="store_true",
