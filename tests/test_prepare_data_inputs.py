@@ -327,3 +327,20 @@ def test_overwrite_removes_a_linked_shard_not_what_it_links_to(vocab, tmp_path):
     os.symlink(elsewhere, tmp_path / "o" / "train" / "shard_000")
     assert prepare_data.main([str(a) for a in argv + ["--overwrite"]]) == 0
     assert os.path.isdir(elsewhere) and not os.path.islink(tmp_path / "o" / "train" / "shard_000")
+
+
+def test_a_chunk_a_killed_worker_was_writing_is_removed(tmp_path):
+    """A worker killed while writing a chunk (the main process's SIGKILL on an error, or the
+    whole run killed) leaves its temporary file: the journal removes it, when the run ends and
+    when the same command starts again, and never counts it as a finished chunk."""
+    journal = prepare_data.Journal(str(tmp_path))
+    assert journal.open({"run": 1}, overwrite=False) == 0
+    chunks = tmp_path / prepare_data.WORK_DIR / "chunks"
+    (chunks / "train_0000000.npz").write_bytes(b"finished")
+    (chunks / "train_0000001.npz.tmp4242.npz").write_bytes(b"half written")
+    assert journal.close(finished=False) == 1
+    assert sorted(os.listdir(chunks)) == ["train_0000000.npz"]
+    (chunks / "train_0000001.npz.tmp4243.npz").write_bytes(b"half written")   # killed with the run
+    assert journal.open({"run": 1}, overwrite=False) == 1
+    assert sorted(os.listdir(chunks)) == ["train_0000000.npz"]
+    journal.close(finished=True)

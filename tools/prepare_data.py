@@ -1529,6 +1529,7 @@ class Journal:
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(self.tmp)
         os.makedirs(self.chunks, exist_ok=True)
+        self._remove_partial_chunks()  # of a run killed with its workers
         return len(self.done_chunks())
 
     def _take_lock(self, path):
@@ -1569,6 +1570,12 @@ class Journal:
         return [n for n in os.listdir(self.chunks) if n.endswith(".npz") and ".tmp" not in n] \
             if os.path.isdir(self.chunks) else []
 
+    def _remove_partial_chunks(self):
+        """A worker stopped while writing a chunk leaves its temporary file (save_chunk): never a chunk."""
+        for name in os.listdir(self.chunks) if os.path.isdir(self.chunks) else ():
+            if ".tmp" in name:
+                os.remove(os.path.join(self.chunks, name))
+
     def chunk_path(self, set_name, index):
         return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
 
@@ -1576,6 +1583,7 @@ class Journal:
         """Release the lock; remove everything once the run finished, else keep the finished
         chunks (and nothing else) for the next run; returns how many were kept."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._remove_partial_chunks()  # the workers have ended: a temporary file left is a dead worker's
         kept = 0 if finished else len(self.done_chunks())
         if not kept:
             shutil.rmtree(self.folder, ignore_errors=True)
