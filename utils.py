@@ -57,6 +57,9 @@ def get_argument_parser():
         help="logging level of rank 0 (other ranks log warnings and errors)")
     add("--debug", action="store_true", default=False,
         help="show Python tracebacks for input errors instead of one error line")
+    add("--report_to", nargs="+", default=["tensorboard"], metavar="SINK",
+        help="where metrics go: tensorboard (OUT/runs/JOB), wandb ($WANDB_PROJECT, $WANDB_MODE), mlflow "
+             "($MLFLOW_TRACKING_URI, else OUT/mlruns); several, 'all' or 'none'; wandb and mlflow need their package")
     add("--peak_tflops", default=None,
         help="peak TFLOP/s of one device for the logged MFU (Train/MFU), or 'measure' (a timed matmul); default: "
              "the data sheet of a known GPU (H200, H100, A100, V100), a measured matmul on the CPU or another device")

@@ -114,6 +114,7 @@ from turing.jsonfile import json_text
 from turing.outputs import content_sha256
 from turing.pretrained import load_into, open_trained, read_weights
 from turing.process import set_seeds
+from turing.sinks import tensorboard_writer, write_metrics
 from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
 
 logger = logging.getLogger("eval_mlm")
@@ -492,11 +493,8 @@ def tensorboard_scalars(results):
 
 
 def write_tensorboard(run_dir, step, results):
-    from tensorboardX import SummaryWriter
-
-    with SummaryWriter(run_dir) as writer:
-        for tag, value in tensorboard_scalars(results).items():
-            writer.add_scalar(tag, value, step)
+    with tensorboard_writer(run_dir) as writer:
+        write_metrics(writer, step, tensorboard_scalars(results))
 
 
 def _pct(x):

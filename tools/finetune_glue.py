@@ -115,7 +115,6 @@ if __name__ == "__main__":  # --help and a bad flag are answered here, before th
 
 import numpy as np
 import torch
-from tensorboardX import SummaryWriter
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -128,6 +127,7 @@ from turing.optim_groups import decay_groups
 from turing.outputs import content_sha256
 from turing.pretrained import open_trained
 from turing.process import set_seeds
+from turing.sinks import tensorboard_writer, write_metrics
 from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger("finetune_glue")
@@ -313,8 +313,7 @@ def run_seed(args, source, data, seed, lr, device, writer):
                 optimizer.step()
                 scheduler.step()
                 step += 1
-                writer.add_scalar("Train/loss", value, step)
-                writer.add_scalar("Train/lr", step_lr, step)
+                write_metrics(writer, step, {"Train/loss": value, "Train/lr": step_lr})
                 bar.update()
                 bar.set_postfix(loss=f"{value:.4f}")
     finally:
@@ -376,11 +375,10 @@ def run_task(args, source, data, out_dir, device):
     runs = []
     for seed in range(args.seeds):
         started = time.time()
-        with SummaryWriter(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
+        with tensorboard_writer(os.path.join(out_dir, "runs", task.name, f"seed{seed}")) as writer:
             predictions = run_seed(args, source, data, seed, lr, device, writer)
             score, metrics = score_predictions(task, predictions, gold, main_dev)
-            for key, value in metrics.items():
-                writer.add_scalar(f"Dev/{key}", value, 0)
+            write_metrics(writer, 0, {f"Dev/{key}": value for key, value in metrics.items()})
         logger.info("%s seed %d: %s in %.0f s", task.name, seed, metrics_text(task, score, metrics),
                     time.time() - started)
         collapsed = warn_if_collapsed(task, f"{task.name} seed {seed}, {main_dev}", predictions[main_dev],
@@ -434,7 +432,7 @@ def sweep_lr(args, source, data, out_dir, device):
     gold = {"held_out": [label for _, label in held_out]}
     scores, collapsed = {}, {}
     for lr in args.lr:
-        with SummaryWriter(os.path.join(out_dir, "runs", task.name, "lr_sweep", f"lr{lr:g}")) as writer:
+        with tensorboard_writer(os.path.join(out_dir, "runs", task.name, "lr_sweep", f"lr{lr:g}")) as writer:
             try:
                 predictions = run_seed(args, source, trial, SWEEP_SEED, lr, device, writer)
             except Diverged as e:

@@ -1,7 +1,7 @@
-"""Metrics: TensorBoard (rank 0) and the progress lines, through one writer.
+"""Metrics: the sinks (rank 0: TensorBoard, and W&B or MLflow where --report_to asks, turing.sinks)
+and the progress lines.
 
-Every metric goes through `Reporter.log(step, {tag: value})` (`write_metrics` is the one place
-that writes TensorBoard). Per optimizer step the reporter keeps the loss on the device; every
+Every metric goes through `Reporter.log(step, {tag: value})`, to every sink. Per optimizer step the reporter keeps the loss on the device; every
 --print_steps steps (`due`) it writes the pending steps in one host sync, with the loss averaged
 over the ranks, and a progress line with the throughput since the last one: samples/s,
 tokens/s and model FLOPs utilisation (turing.flops) over training time (turing.clock: time spent
@@ -9,36 +9,19 @@ validating or checkpointing is not in it), the share of that time spent waiting 
 an estimate of the time the run has left.
 """
 import logging
-import os
-import time
 
-import numpy as np
 import torch
-from tensorboardX import SummaryWriter
 
 from turing.distributed import all_reduce, multi_rank
 from turing.flops import is_measured
+from turing.sinks import TensorBoardSink, open_sinks, write_metrics  # noqa: F401 (write_metrics: importable here)
 
 logger = logging.getLogger("bing_bert")
 
 
-def write_metrics(writer, step, values):
-    """The one place metrics reach TensorBoard: every {tag: value} at x = `step`. A string is
-    written as text, a list or array of numbers as a histogram, anything else as a scalar.
-    Without a writer (ranks other than 0) nothing is written."""
-    if writer is None:
-        return
-    for tag, value in values.items():
-        if isinstance(value, str):
-            writer.add_text(tag, value, step)
-        elif isinstance(value, (list, tuple, np.ndarray)):
-            writer.add_histogram(tag, np.asarray(value), step)
-        else:
-            writer.add_scalar(tag, value, step)
-
-
 class Reporter:
-    """TensorBoard (rank 0) and progress lines for one session. `flops_per_sequence` and
+    """The metrics sinks (rank 0: TensorBoard and whatever else --report_to names, turing.sinks)
+    and the progress lines for one session. `flops_per_sequence` and
     `peak_tflops(again=False)` (of one device: (TFLOP/s, where the figure comes from), asked on
     rank 0 at the first progress line) give the MFU; `clock` the training time. A measured peak
     that the run's own FLOP rate exceeds is measured again and raised to the larger of the two
@@ -53,22 +36,28 @@ class Reporter:
         self.flops_per_sequence = flops_per_sequence
         self._peak_tflops = peak_tflops
         self.peak = None           # (TFLOP/s, source), once asked
-        self._writer = None        # opened at the first metric (rank 0): a run that fails to start writes none
+        self._sinks = None         # opened at the first metric (rank 0): a run that fails to start writes none
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.window = (clock.session_seconds(), 0, 0.0)  # training seconds at its start, steps, data wait
 
     @property
+    def sinks(self):
+        """The run's metrics sinks on rank 0 ([] elsewhere)."""
+        if self._sinks is None:
+            names = getattr(self.config, "report_to", ("tensorboard",))  # (a hand-built config: the default)
+            self._sinks = open_sinks(self.config, names) if self.is_master else []
+        return self._sinks
+
+    @property
     def writer(self):
-        """The TensorBoard writer on rank 0 (None elsewhere)."""
-        if self._writer is None and self.is_master:
-            # a unique suffix: a resumed session in the same second must not overwrite the file
-            self._writer = SummaryWriter(self.config.tensorboard_path,
-                                         filename_suffix=f".{os.getpid()}.{time.time_ns()}")
-        return self._writer
+        """The TensorBoard writer on rank 0 (None elsewhere, or without the TensorBoard sink)."""
+        board = next((s for s in self.sinks if isinstance(s, TensorBoardSink)), None)
+        return board.writer if board is not None else None
 
     def log(self, step, values):
-        """Write {tag: value} at x = `step` (rank 0; a no-op elsewhere)."""
-        write_metrics(self.writer, step, values)
+        """Write {tag: value} at x = `step` to every sink (rank 0; a no-op elsewhere)."""
+        for sink in self.sinks:
+            sink.log(step, values)
 
     def due(self, step):
         """A progress line (and the pending steps written) after optimizer step `step`."""
@@ -136,9 +125,9 @@ class Reporter:
         queued events in memory), before a checkpoint, so that a kill right after it, or a disk
         the checkpoint fills up, keeps this session's curves up to it."""
         self._write_pending(line=True)
-        if to_disk and self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if to_disk:
+            for sink in self._sinks or ():
+                sink.flush()
 
     def _write_pending(self, line=False):
         """The pending steps' metrics (one host sync), and with `line` the progress line of the
@@ -177,8 +166,8 @@ class Reporter:
 
     def close(self):
         self.flush()
-        if self._writer is not None:
+        for sink in self._sinks or ():
             try:
-                self._writer.close()
+                sink.close()
             except OSError as e:  # a full disk: what flush(to_disk=True) wrote before stays
-                logger.warning("TensorBoard: the last events could not be written (%s)", e)
+                logger.warning("%s: the last metrics could not be written (%s)", type(sink).__name__, e)

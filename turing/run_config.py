@@ -19,6 +19,7 @@ from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULE
 from turing.modeling import BertConfigError, ModelOptions
 from turing.models import model_config_from_dict
 from turing.process import Ranks
+from turing.sinks import check_report_to
 from turing.tokenization import load_vocab, vocab_digest, vocab_rows, vocab_size
 
 logger = logging.getLogger("bing_bert")
@@ -153,6 +154,7 @@ def complete_arguments(args):
         raise InputError("--deepspeed_config is required (a DeepSpeed JSON config, e.g. ds_config.json)")
     args.ds_config = _read_json(args.deepspeed_config, "DeepSpeed config (--deepspeed_config)")
     check_progressive_layer_drop(args)
+    args.report_to = check_report_to(args.report_to)
     check_local_rank(args)
     if args.max_predictions_per_seq > args.max_seq_length:
         raise InputError(f"--max_predictions_per_seq {args.max_predictions_per_seq} exceeds "
@@ -403,6 +405,7 @@ class RunConfig:
     next_sentence_prediction: bool
     progressive_layer_drop: bool
     compile: bool
+    report_to: tuple                 # the metrics sinks (turing.sinks)
     # the resolved command line, as saved beside every checkpoint (args.json) and logged
     arguments: dict
 
