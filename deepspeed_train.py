@@ -359,8 +359,10 @@ def compile_model(network):
 class Session:
     """One training session: the run's config, the model (its `.network` the engine) and optimizer,
     the run state (saved in checkpoints), the training clock and the components that act on the
-    run (reporter, checkpointer, validator, stop signals). Internal functions take it; the
-    original's calls, which pass only (args, model, ...), find it on the model (`model.session`)."""
+    run (reporter, checkpointer, validator, stop signals). The epoch loop and the optimizer step
+    (train_epochs, train_epoch, optimizer_step) take it; every function they call takes only the
+    objects it acts on. The original's calls, which pass only (args, model, ...), find it on the
+    model (`model.session`)."""
     config: RunConfig
     model: BertMultiTask
     optimizer: object
@@ -370,26 +372,25 @@ class Session:
     checkpointer: Checkpointer
     validator: "Validator"
     signals: StopSignals
-    fp16_skipped: int = 0   # the engine's count of overflow-skipped fp16 steps, last seen
-    said_lr_ended: bool = False  # warn_when_the_schedule_has_ended said it
 
     @property
     def engine(self):
         return self.model.network
-
-    def pld_kwargs(self, step):
-        """The engine's progressive layer drop arguments at global step `step` (none without PLD):
-        keep-rate theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
-        if not self.config.progressive_layer_drop:
-            return {}
-        return {"progressive_layer_drop": True, "pld_theta": pld_theta(self.config, step)}
 
     def close(self):
         self.signals.uninstall()
         self.reporter.close()
 
 
+def pld_kwargs(cfg, step):
+    """The engine's progressive layer drop arguments at global step `step` (none without PLD)."""
+    if not cfg.progressive_layer_drop:
+        return {}
+    return {"progressive_layer_drop": True, "pld_theta": pld_theta(cfg, step)}
+
+
 def pld_theta(cfg, step):
+    """PLD's keep rate at global step `step`: theta(t) = (1 - theta_bar) exp(-gamma t) + theta_bar."""
     theta_bar, gamma = pld_setting(cfg.ds_config, "theta"), pld_setting(cfg.ds_config, "gamma")
     return (1.0 - theta_bar) * math.exp(-gamma * step) + theta_bar
 
@@ -458,7 +459,7 @@ def train_epoch(session, epoch, provider):
         state.plan_world = state.plan_micro_batch = state.plan_grad_accum = 0
     stop = None
     with provider.epoch(epoch, start=start, plan=state.epoch_plan()) as batches:
-        total = micro_batches_to_run(session, epoch, len(batches), start)
+        total = micro_batches_to_run(cfg, session.engine.device, epoch, len(batches), start)
         session.model.train()
         bar = tqdm(total=start + total, initial=start, desc=f"epoch {epoch + 1}", mininterval=2.0, file=sys.stderr,
                    disable=not (session.config.ranks.is_main and sys.stderr.isatty()))
@@ -467,8 +468,9 @@ def train_epoch(session, epoch, provider):
         while (step := optimizer_step(session, micro_batches, steps_left)) is not None:
             if step.signum:
                 bar.close()
-                stop_with_checkpoint(session, session.signals.describe(step.signum), 128 + step.signum)
-            stop = stop_reason(session, step)
+                stop_with_checkpoint(session.checkpointer, state, session.signals.describe(step.signum),
+                                     128 + step.signum)
+            stop = stop_reason(cfg, state, step)
             if stop is not None or state.epoch_micro_step == start + total:
                 break  # train_epochs writes the stop's or the epoch's checkpoint
             if step.skipped:
@@ -507,7 +509,7 @@ def optimizer_step(session, micro_batches, steps_left=lambda: None):
             return None
         batch = session.model.move_batch(batch, non_blocking=True)
         data_wait += time.time() - waited
-        loss = engine(batch, **session.pld_kwargs(state.global_step))
+        loss = engine(batch, **pld_kwargs(cfg, state.global_step))
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         state.global_data_samples += samples_per_micro
         state.epoch_micro_step += 1
@@ -516,19 +518,20 @@ def optimizer_step(session, micro_batches, steps_left=lambda: None):
             break
         engine.step()
     step_loss = step_loss / cfg.gradient_accumulation_steps
-    nonfinite, signum, over_time = step_checks(session, step_loss)
+    reporter = session.reporter
+    nonfinite, signum, over_time = step_checks(cfg, state, session.clock, session.signals, engine, step_loss)
     if nonfinite:
-        handle_nonfinite(session)
+        handle_nonfinite(cfg, state, engine, session.optimizer, reporter, session.checkpointer)
     else:
         state.nonfinite_in_a_row = 0
         lr = update_learning_rate(cfg, cfg.config, state.global_step, session.optimizer, state.rewarmup_offset,
-                                  budget_fraction(session))
-        warn_when_the_schedule_has_ended(session, lr)
+                                  budget_fraction(cfg, session.clock, state, engine.device))
+        warn_when_the_schedule_has_ended(cfg, state, reporter, lr)
         engine.step()
         state.global_step += 1
         if cfg.ranks.is_main:
-            log_engine_metrics(session)
-        session.reporter.step(state, lr, step_loss, data_wait, steps_left())
+            log_engine_metrics(cfg, state, engine, reporter)
+        reporter.step(state, lr, step_loss, data_wait, steps_left())
     return StepResult(nonfinite, signum, over_time)
 
 
@@ -539,7 +542,7 @@ def bar_updates(batches, bar):
         bar.update(1)
 
 
-def micro_batches_to_run(session, epoch, available, start):
+def micro_batches_to_run(cfg, device, epoch, available, start):
     """The micro batches this epoch runs on every rank: the fewest any rank has left, in whole
     optimizer steps, within --max_steps_per_epoch (which counts the epoch's optimizer steps
     whichever session ran them).
@@ -549,9 +552,8 @@ def micro_batches_to_run(session, epoch, available, start):
     on into the next epoch. So every checkpoint, the epoch's own included, is written on a step
     boundary, where the engine holds no pending gradients, and a resume from any of them is exact.
     `start` (micro batches already run) is always a whole number of steps."""
-    cfg = session.config
     accum, micro = cfg.gradient_accumulation_steps, cfg.train_micro_batch_size_per_gpu
-    shortest = agreed_min(available, session.engine.device)
+    shortest = agreed_min(available, device)
     if shortest < available:
         logger.warning("Epoch %d: this rank has %d micro-batches left, runs %d like the shortest rank "
                        "(%d samples unused)", epoch + 1, available, shortest, (available - shortest) * micro)
@@ -574,40 +576,38 @@ def run_steps_left(cfg, state, epoch, epoch_micro_end):
     return steps_left
 
 
-def step_checks(session, loss):
+def step_checks(cfg, state, clock, signals, engine, loss):
     """Once per optimizer step: is the loss finite, was a stop signal received, is the time
     budget spent. Ranks agree (one small all-reduce) so they stop or skip at the same step."""
-    cfg, state = session.config, session.state
-    over_time = cfg.max_train_hours is not None and session.clock.train_seconds(state) >= cfg.max_train_hours * 3600
+    over_time = cfg.max_train_hours is not None and clock.train_seconds(state) >= cfg.max_train_hours * 3600
     flags = torch.stack([(~torch.isfinite(loss)).float(),
-                         torch.tensor(float(session.signals.received or 0)).to(loss.device),
+                         torch.tensor(float(signals.received or 0)).to(loss.device),
                          torch.tensor(float(over_time)).to(loss.device)])
     nonfinite, signum, over_time = all_reduce(flags, torch.distributed.ReduceOp.MAX).tolist()
-    if session.engine.fp16_enabled():
+    if engine.fp16_enabled():
         nonfinite = 0.0  # DeepSpeed's loss scaler skips overflowing fp16 steps itself
     return bool(nonfinite), int(signum), bool(over_time)
 
 
-def stop_reason(session, step):
+def stop_reason(cfg, state, step):
     """"time" (--max_train_hours), "max_steps" (counted since the restore), or None."""
     if step.over_time:
         return "time"
-    state = session.state
-    return "max_steps" if is_time_to_exit(session.config, global_steps=state.global_step - state.restore_step) else None
+    return "max_steps" if is_time_to_exit(cfg, global_steps=state.global_step - state.restore_step) else None
 
 
-def handle_nonfinite(session):
+def handle_nonfinite(cfg, state, engine, optimizer, reporter, checkpointer):
     """Skip the step; after --max_nonfinite_steps in a row, checkpoint and stop."""
-    cfg, state = session.config, session.state
-    skip_step(session.engine, session.optimizer)
+    skip_step(engine, optimizer)
     state.nonfinite_in_a_row += 1
     state.nonfinite_total += 1
     logger.warning("Non-finite loss at global step %d: step skipped (%d in a row, %d in all)",
                    state.global_step + 1, state.nonfinite_in_a_row, state.nonfinite_total)
-    session.reporter.log(state.global_step + 1, {"Train/nonfinite_steps": state.nonfinite_total})
+    reporter.log(state.global_step + 1, {"Train/nonfinite_steps": state.nonfinite_total})
     if state.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
-        stop_with_checkpoint(session, f"{state.nonfinite_in_a_row} non-finite losses in a row "
-                                      f"(--max_nonfinite_steps); lower the learning rate or check the data", 3)
+        stop_with_checkpoint(checkpointer, state, f"{state.nonfinite_in_a_row} non-finite losses in a row "
+                                                  f"(--max_nonfinite_steps); lower the learning rate or check the "
+                                                  f"data", 3)
 
 
 def skip_step(engine, optimizer):
@@ -625,40 +625,35 @@ def skip_step(engine, optimizer):
     engine.step()
 
 
-def stop_with_checkpoint(session, reason, exit_code):
-    folder = session.checkpointer.save(session.state, f"step{session.state.global_step}")
-    raise StopTraining(f"{reason}; checkpoint of global step {session.state.global_step} in {folder} "
+def stop_with_checkpoint(checkpointer, state, reason, exit_code):
+    folder = checkpointer.save(state, f"step{state.global_step}")
+    raise StopTraining(f"{reason}; checkpoint of global step {state.global_step} in {folder} "
                        f"(re-run with --auto_resume to continue)", exit_code)
 
 
-def log_engine_metrics(session):
+def log_engine_metrics(cfg, state, engine, reporter):
     """Rank 0, after each optimizer step: the LAMB coefficients (with LAMB), the PLD keep-rate
-    (with PLD), and an fp16 step the loss scaler skipped (gradient overflow)."""
-    state, engine, reporter = session.state, session.engine, session.reporter
+    (with PLD), and an fp16 step the loss scaler skipped (gradient overflow: the engine counts them,
+    the reporter says each new one)."""
     coeffs = find_lamb_coeffs(engine)
     if coeffs:
         reporter.log(state.global_step, {"Train/lamb_coeffs": coeffs})
-    if session.config.progressive_layer_drop:
-        reporter.log(state.global_step, {"Train/pld_theta": pld_theta(session.config, state.global_step - 1)})
-    if engine.fp16_enabled() and engine.skipped_steps != session.fp16_skipped:
-        session.fp16_skipped = engine.skipped_steps
-        logger.warning("fp16 overflow: step %d skipped by the loss scaler (%d in all)", state.global_step,
-                       session.fp16_skipped)
-        reporter.log(state.global_step, {"Train/fp16_skipped_steps": session.fp16_skipped})
+    if cfg.progressive_layer_drop:
+        reporter.log(state.global_step, {"Train/pld_theta": pld_theta(cfg, state.global_step - 1)})
+    if engine.fp16_enabled():
+        reporter.fp16_skipped(state.global_step, engine.skipped_steps)
 
 
 # ---------------------------------------------------------------------------------------------
 # Learning rate
 
 
-def budget_fraction(session):
+def budget_fraction(cfg, clock, state, device):
     """The share of --max_train_hours spent (summed over sessions) for the budget schedule, the
     largest over ranks so every rank sets the same LR; None for the other schedules."""
-    cfg = session.config
     if cfg.lr_schedule != "budget":
         return None
-    spent = torch.tensor([session.clock.train_seconds(session.state)], dtype=torch.float64,
-                         device=session.engine.device)
+    spent = torch.tensor([clock.train_seconds(state)], dtype=torch.float64, device=device)
     return all_reduce(spent, torch.distributed.ReduceOp.MAX).item() / (cfg.max_train_hours * 3600)
 
 
@@ -680,12 +675,11 @@ def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_
     return lr
 
 
-def warn_when_the_schedule_has_ended(session, lr):
+def warn_when_the_schedule_has_ended(cfg, state, reporter, lr):
     """Once per session: a schedule that ends at 0 (WSD, EP) has reached total_training_steps, and
     the steps after it do not train."""
-    cfg, state, total = session.config, session.state, session.config.job.training.total_training_steps
-    if lr == 0.0 and state.global_step - state.rewarmup_offset >= total and not session.said_lr_ended:
-        session.said_lr_ended = True
+    total = cfg.job.training.total_training_steps
+    if lr == 0.0 and state.global_step - state.rewarmup_offset >= total and reporter.first_time("lr_ended"):
         logger.warning("step %d: the learning rate is 0 from here on (--lr_schedule %s ends at the job config's "
                        "total_training_steps, %d): the steps after it do not train; set total_training_steps to the "
                        "run's step count, or end the run there with --max_steps", state.global_step,

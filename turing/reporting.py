@@ -37,6 +37,8 @@ class Reporter:
         self._peak_tflops = peak_tflops
         self.peak = None           # (TFLOP/s, source), once asked
         self._sinks = None         # opened at the first metric (rank 0): a run that fails to start writes none
+        self._said = set()         # first_time's keys
+        self._fp16_skipped = 0     # the engine's count of overflow-skipped fp16 steps, last seen
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
         self.window = (clock.session_seconds(), 0, 0.0)  # training seconds at its start, steps, data wait
 
@@ -53,6 +55,21 @@ class Reporter:
         """The TensorBoard writer on rank 0 (None elsewhere, or without the TensorBoard sink)."""
         board = next((s for s in self.sinks if isinstance(s, TensorBoardSink)), None)
         return board.writer if board is not None else None
+
+    def first_time(self, key):
+        """True the first time `key` is asked in this session: for what is said once."""
+        if key in self._said:
+            return False
+        self._said.add(key)
+        return True
+
+    def fp16_skipped(self, step, skipped):
+        """The engine's count of fp16 steps its loss scaler skipped, after optimizer step `step`:
+        each new one is said and logged."""
+        if skipped != self._fp16_skipped:
+            self._fp16_skipped = skipped
+            logger.warning("fp16 overflow: step %d skipped by the loss scaler (%d in all)", step, skipped)
+            self.log(step, {"Train/fp16_skipped_steps": skipped})
 
     def log(self, step, values):
         """Write {tag: value} at x = `step` to every sink (rank 0; a no-op elsewhere)."""
