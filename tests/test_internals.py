@@ -47,3 +47,36 @@ def test_a_tensor_version_counts_in_place_changes():
     before = internals.tensor_version(t)
     t.add_(1)
     assert internals.tensor_version(t) == before + 1
+
+
+def test_the_lock_of_a_killed_extension_build_is_released(tmp_path, monkeypatch, caplog):
+    """A JIT build killed while compiling leaves its `lock`, on which torch's next load waits for
+    ever: one older than a build's start and with no process in its folder is removed; a fresh one,
+    or one a process is building in, is kept. The file layout is torch's own (the FileBaton)."""
+    import inspect
+    import subprocess
+    import sys
+    import time
+
+    from torch.utils import cpp_extension
+
+    assert "FileBaton(os.path.join(build_directory, 'lock'))" in inspect.getsource(cpp_extension)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, fresh, building = (tmp_path / name for name in ("stale_op", "fresh_op", "building_op"))
+    for folder in (stale, fresh, building):
+        folder.mkdir()
+        (folder / "lock").write_text("")
+    old = time.time() - 3600
+    os.utime(stale / "lock", (old, old))
+    os.utime(building / "lock", (old, old))
+    compiler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=building)
+    try:
+        time.sleep(0.5)
+        with caplog.at_level("WARNING"):
+            released = internals.release_stale_build_locks()
+    finally:
+        compiler.kill()
+        compiler.wait()
+    assert released == [os.path.realpath(stale)]
+    assert not (stale / "lock").exists() and (fresh / "lock").exists() and (building / "lock").exists()
+    assert "stopped before it finished" in caplog.text

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
-from turing.internals import deepspeed_shm_buffer_path, set_default_collective_timeout
+from turing.internals import deepspeed_shm_buffer_path, release_stale_build_locks, set_default_collective_timeout
 from turing.process import Ranks
 
 
@@ -28,6 +28,7 @@ def setup_process_group(timeout_seconds):
     if not dist.is_initialized():
         ensure_process_group_env()
         check_master_port_free()
+        release_stale_build_locks()  # DeepSpeed builds its communication op next (a machine's first run)
         try:
             deepspeed.init_distributed(timeout=bound_collectives(timeout_seconds))
         except dist.DistNetworkError as e:

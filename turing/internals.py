@@ -11,12 +11,24 @@ why no public API serves (tests/test_internals.py fails loudly when one of them 
   hold numpy arrays); a weights-only load must allow that exact global.
 - `tensor_version`: a tensor's in-place modification counter, which keys a cache of a mask
   derived from a tensor (sparse attention), so that an in-place change of it is seen.
+- `release_stale_build_locks`: torch's JIT build of an extension (DeepSpeed compiles its CPU
+  communication op on a machine's first run, and its other ops where asked) holds a `lock` file in
+  the op's build folder while it compiles and removes it after; a build killed meanwhile leaves
+  it, and every later run waits on it for ever (torch's FileBaton has no owner to check).
 """
 import datetime
+import glob
+import logging
 import os
+import time
 
 import numpy as np
+import psutil
 import torch.distributed.distributed_c10d as dist_c10d
+from torch.utils.cpp_extension import get_default_build_root
+
+logger = logging.getLogger(__name__)
+STALE_LOCK_SECONDS = 120  # a live build takes its lock and starts its compiler within moments
 
 # deepspeed/ops/csrc/cpu/comm/shm.cpp: "%s_%d_%s_%s" of SHM_BUFFER_NAME, uid, MASTER_ADDR,
 # MASTER_PORT, then "%s_%d" with the rank
@@ -47,3 +59,39 @@ def numpy_reconstruct():
 
 def tensor_version(tensor):
     return tensor._version
+
+
+def release_stale_build_locks(now=None):
+    """Remove the `lock` of every extension build folder (under $TORCH_EXTENSIONS_DIR and torch's
+    default build root) that no process works in (no process has its current folder there: the
+    compiler ninja runs in it) and that is older than STALE_LOCK_SECONDS: a build killed before it
+    finished. The build starts again at the next load (ninja keeps what was compiled). Returns
+    the folders released."""
+    now = time.time() if now is None else now
+    roots = {os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()}
+    locks = sorted({p for root in roots for pattern in ("*/lock", "*/*/lock")
+                    for p in glob.glob(os.path.join(root, pattern))})
+    if not locks:
+        return []
+    busy = set()
+    for process in psutil.process_iter(["cwd"]):
+        cwd = process.info.get("cwd")
+        if cwd:
+            busy.add(os.path.realpath(cwd))
+    released = []
+    for lock in locks:
+        folder = os.path.realpath(os.path.dirname(lock))
+        try:
+            age = now - os.stat(lock).st_mtime
+        except FileNotFoundError:
+            continue
+        if age < STALE_LOCK_SECONDS or any(cwd == folder or cwd.startswith(folder + os.sep) for cwd in busy):
+            continue
+        try:
+            os.remove(lock)
+        except FileNotFoundError:
+            continue
+        logger.warning("%s: the lock of an extension build that was stopped before it finished (%.0f s old, no process "
+                       "building there); removed, so the op is built again instead of waited for", lock, age)
+        released.append(folder)
+    return released
