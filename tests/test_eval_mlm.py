@@ -83,17 +83,24 @@ def some_pairs(n=12, seed=0):
     return pairs
 
 
-def direct_pll(model, ids, special, vocab_real):
-    """PLL of one sentence, unbatched: each token masked in turn, one forward each."""
-    total = 0.0
+def direct_token_scores(model, ids, special, vocab_real):
+    """[(log P(token | the rest), whether it is the argmax)] of one sentence, unbatched: each token
+    masked in turn, one forward each, through the model's predict (all positions scored)."""
+    out = []
     for t in range(len(ids)):
         seq = [special["cls"]] + list(ids) + [special["sep"]]
         seq[t + 1] = special["mask"]
         x = torch.tensor([seq])
         with torch.no_grad():
             scores, _ = model.predict(x, torch.zeros_like(x), torch.ones_like(x))
-        total += torch.log_softmax(scores[0, t + 1, :vocab_real].double(), -1)[ids[t]].item()
-    return total
+        row = scores[0, t + 1, :vocab_real]
+        out.append((torch.log_softmax(row.double(), -1)[ids[t]].item(), int(row.argmax()) == ids[t]))
+    return out
+
+
+def direct_pll(model, ids, special, vocab_real):
+    """PLL of one sentence, unbatched: each token masked in turn, one forward each."""
+    return sum(lp for lp, _ in direct_token_scores(model, ids, special, vocab_real))
 
 
 def test_pll_equals_the_direct_computation(scorer):
@@ -111,7 +118,7 @@ def test_pll_equals_the_direct_computation(scorer):
     assert min(direct) < -1.0  # real numbers, not zeros
 
 
-def test_pair_accuracy_by_uid_sums_up_and_per_pair_rows(tiny, tmp_path, capsys):
+def test_pair_accuracy_by_uid_sums_up_and_per_pair_rows(tiny, scorer, tmp_path, capsys):
     pairs = some_pairs()
     path = write_pairs(tmp_path / "pairs.jsonl", pairs)
     out, runs = tmp_path / "out", tmp_path / "runs"
@@ -128,17 +135,56 @@ def test_pair_accuracy_by_uid_sums_up_and_per_pair_rows(tiny, tmp_path, capsys):
     rows = [json.loads(line) for line in open(out / "pair_scores.jsonl")]
     assert len(rows) == len(pairs)
     assert [(r["UID"], r["pairID"]) for r in rows] == [(p["UID"], p["pairID"]) for p in pairs]
+    # each row holds its own pair's two PLLs, good as good and bad as bad, as computed one by one
+    direct = [[direct_pll(scorer.model, ids, scorer.special, VOCAB_REAL)
+               for ids in scorer.tokenizer.encode_batch([p["sentence_good"], p["sentence_bad"]])] for p in pairs]
+    np.testing.assert_allclose([[r["pll_good"], r["pll_bad"]] for r in rows], direct, rtol=0, atol=1e-4)
     assert all(r["correct"] == (r["pll_good"] > r["pll_bad"]) for r in rows)
     assert sum(r["correct"] for r in rows) == mp["correct"]
+    for uid, entry in mp["by_uid"].items():
+        assert entry["correct"] == sum(r["correct"] for r in rows if r["UID"] == uid), uid
     for entry in [mp, *mp["by_uid"].values()]:
         lo, hi = entry["ci95"]
         assert entry["accuracy"] == entry["correct"] / entry["pairs"]
         assert lo <= entry["accuracy"] <= hi
-    # the extra words cost probability: every longer bad sentence scores lower, whatever the model
-    assert mp["by_uid"]["longer"]["accuracy"] == 1.0
     scalars, _ = read_run(str(runs))
     assert scalars["Quality/minimal_pairs/accuracy"] == [(10, pytest.approx(mp["accuracy"]))]
     assert "Quality/minimal_pairs/reverse" in scalars
+
+
+def test_appended_words_lower_the_pll_where_predictions_ignore_the_context(tiny, scorer):
+    """PLL(s + extra) = sum over s's tokens of log P(w_t | the rest, extra included) + the extra
+    tokens' terms. The extra terms are each < 0, but the context they add can raise the other
+    terms by more: "a longer bad sentence scores lower" is no theorem for a model that reads its
+    context. It is one for a model whose prediction at a position ignores the other tokens (here the
+    fixture's model with every attention output projection zeroed): s's terms stay as they were, so
+    PLL(s + extra) = PLL(s) + the extra terms < PLL(s), and every "longer" pair is correct."""
+    blind = eval_mlm.load_scorer(tiny["job"])
+    with torch.no_grad():
+        for layer in blind.model.bert.encoder.layer:
+            layer.attention.output.dense.weight.zero_()
+            layer.attention.output.dense.bias.zero_()
+    pairs = [eval_mlm.Pair("f", i, p["UID"], p["pairID"], p["sentence_good"], p["sentence_bad"])
+             for i, p in enumerate(some_pairs()) if p["UID"] == "longer"]
+    assert len(pairs) == 6
+
+    def terms(model):
+        """Per pair: log P of each good token, of the same tokens in the bad sentence, of its 3 extra
+        tokens."""
+        encoded = eval_mlm.encode_pairs(model, pairs)
+        log_probs, _ = eval_mlm.token_scores(model, [s for pair in encoded for s in pair])
+        for good, bad in encoded:
+            assert bad[:len(good)] == good and len(bad) == len(good) + 3   # + hello, world, ##s
+        return [(log_probs[2 * k], log_probs[2 * k + 1][:len(good)], log_probs[2 * k + 1][len(good):])
+                for k, (good, _) in enumerate(encoded)]
+
+    summary, rows = eval_mlm.score_pairs(blind, pairs)
+    for row, (good_terms, shared_terms, extra) in zip(rows, terms(blind), strict=True):
+        np.testing.assert_allclose(shared_terms, good_terms, rtol=0, atol=1e-5)
+        assert (extra < 0).all() and row["pll_bad"] == pytest.approx(row["pll_good"] + extra.sum(), abs=1e-4)
+    assert summary["accuracy"] == 1.0
+    # the model that reads its context: the same tokens score otherwise once the words are appended
+    assert not any(np.allclose(shared, good, rtol=0, atol=1e-5) for good, shared, _ in terms(scorer))
 
 
 def test_wilson_interval():
@@ -200,29 +246,63 @@ def test_a_byte_order_mark_before_the_pairs_is_read(tmp_path):
     assert [p.good for p in eval_mlm.read_pairs(str(path))] == [p["sentence_good"] for p in some_pairs(2)]
 
 
+def direct_validation_scores(model, path, vocab_real):
+    """(masked tokens, MLM accuracy, mean cross-entropy, unigram accuracy) at the masked positions
+    an NVIDIA hdf5 file holds, read with h5py and scored through the model's predict."""
+    import h5py
+
+    with h5py.File(path) as f:
+        ids, mask, segments, positions, labels = (torch.from_numpy(f[key][:].astype(np.int64)) for key in
+                                                  ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                                                   "masked_lm_ids"))
+    with torch.no_grad():
+        scores, _ = model.predict(ids, segments, mask)                      # (N, L, V)
+    rows, slots = (positions > 0).nonzero(as_tuple=True)                    # position 0 ([CLS]) pads the list
+    picked, target = scores[rows, positions[rows, slots], :vocab_real], labels[rows, slots]
+    loss = torch.nn.functional.cross_entropy(picked.double(), target).item()
+    return len(target), (picked.argmax(-1) == target).double().mean().item(), loss, \
+        np.bincount(target.numpy()).max() / len(target)
+
+
 def test_text_and_validation_set_beside_the_unigram_baseline(tiny, scorer, tmp_path):
     rng = np.random.default_rng(2)
-    lines = [_sentence(rng, n) for n in (6, 9, 4)] + ["", " ".join(["w7"] * 130)]  # the last is chunked
+    special = scorer.special
+    x = torch.tensor([[special["cls"], special["mask"], special["sep"]]])
+    with torch.no_grad():
+        guess = int(scorer.model.predict(x, torch.zeros_like(x), torch.ones_like(x))[0][0, 1, :VOCAB_REAL].argmax())
+    word = scorer.tokenizer.ids_to_tokens[guess]   # the model's guess for a lone [MASK]: a line it gets right
+    assert scorer.tokenizer.encode_batch([word]) == [[guess]], word
+    lines = [_sentence(rng, n) for n in (6, 9, 4)] + ["", " ".join(["w7"] * 130), word]  # "w7 ..." is chunked
     text = tmp_path / "heldout.txt"
     text.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
+    validation = os.path.join(tiny["root"], "nvidia", "128", "validation")
     assert eval_mlm.main(["--model", tiny["tag"], "--text", str(text), "--output_dir", str(out),
-                          "--validation_set", os.path.join(tiny["root"], "nvidia", "128", "validation")]) == 0
+                          "--validation_set", validation]) == 0
     results = json.load(open(out / "results.json"))
     t = results["text"]
-    assert (t["lines"], t["chunked_lines"], t["tokens"]) == (4, 1, 6 + 9 + 4 + 130)
+    assert (t["lines"], t["chunked_lines"], t["tokens"]) == (5, 1, 6 + 9 + 4 + 130 + 1)
     ids = [i for line in lines if line for i in scorer.tokenizer.encode_batch([line])[0]]
     top = max(set(ids), key=ids.count)
     assert t["unigram"]["accuracy"] == ids.count(top) / len(ids) and t["unigram"]["most_frequent_token"] == "w7"
     p = np.bincount(ids) / len(ids)
     p = p[p > 0]
     assert t["unigram"]["perplexity"] == pytest.approx(math.exp(-(p * np.log(p)).sum()))
+    # every token masked in turn, one forward each: the long line in windows of 126 (128 positions)
+    windows = [w for line in lines if line for encoded in scorer.tokenizer.encode_batch([line])
+               for w in (encoded[:126], encoded[126:]) if w]
+    direct = [s for w in windows for s in direct_token_scores(scorer.model, w, special, VOCAB_REAL)]
+    assert len(direct) == t["tokens"] and sum(hit for _, hit in direct) >= 1    # the guessed line at least
+    assert t["accuracy"] == sum(hit for _, hit in direct) / len(direct)
+    assert t["pseudo_log_likelihood"] == pytest.approx(sum(lp for lp, _ in direct), abs=1e-3)
     assert t["pseudo_perplexity"] == pytest.approx(math.exp(-t["pseudo_log_likelihood"] / t["tokens"]))
-    assert 0 <= t["accuracy"] <= 1
     v = results["validation_set"]
-    assert v["sequences"] == 16 and v["masked_tokens"] > 16
-    assert v["perplexity"] == pytest.approx(math.exp(v["loss"]))
-    assert 0 < v["unigram"]["accuracy"] < 1
+    (hdf5,) = [os.path.join(validation, f) for f in os.listdir(validation)]
+    masked, accuracy, loss, unigram = direct_validation_scores(scorer.model, hdf5, VOCAB_REAL)
+    assert v["sequences"] == 16 and v["masked_tokens"] == masked > 16
+    assert accuracy > 0 and v["accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert v["loss"] == pytest.approx(loss, abs=1e-4) and v["perplexity"] == pytest.approx(math.exp(v["loss"]))
+    assert v["unigram"]["accuracy"] == pytest.approx(unigram, abs=1e-12)
 
 
 def test_hf_export_scores_as_the_checkpoint_and_as_stock_transformers(tiny, tmp_path):
@@ -271,14 +351,20 @@ def test_quality_table_of_a_checkpoint_and_its_random_init_twin(tiny, tmp_path, 
                                str(tmp_path / "random"), "--output", str(tmp_path / "quality.json")]) == 0
     printed = capsys.readouterr().out
     doc = json.load(open(tmp_path / "quality.json"))
-    for name in ("pretrained", "random_init"):
-        entry = doc["minimal_pairs"][name]
+    scored = {"pretrained": json.load(open(tmp_path / "pretrained" / "results.json")), "random_init": random_results}
+    keys = ("accuracy", "ci95", "pairs", "correct")
+    for name, results in scored.items():   # each column holds its own run's scores
+        entry, mp = doc["minimal_pairs"][name], results["minimal_pairs"]
         assert set(entry["by_kind"]) == {"longer", "reverse"} and entry["pairs"] == 12
-        assert entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]
-        assert 0 <= doc["validation_mlm"][name]["accuracy"] <= 1
+        assert {k: entry[k] for k in keys} == {k: mp[k] for k in keys}
+        assert entry["by_kind"] == {uid: {k: e[k] for k in keys} for uid, e in mp["by_uid"].items()}
+        v = results["validation_set"]
+        assert doc["validation_mlm"][name] == {"accuracy": v["accuracy"], "perplexity": v["perplexity"]}
+    assert doc["validation_mlm"]["pretrained"] != doc["validation_mlm"]["random_init"]   # two models, not one twice
     assert doc["minimal_pairs"]["pretrained_above_random_init"] == (
         doc["minimal_pairs"]["pretrained"]["ci95"][0] > doc["minimal_pairs"]["random_init"]["ci95"][1])
-    assert doc["validation_mlm"]["unigram_baseline"]["accuracy"] > 0
+    assert doc["validation_mlm"]["unigram_baseline"] == scored["pretrained"]["validation_set"]["unigram"]
+    assert doc["validation_mlm"]["tokens"] == scored["pretrained"]["validation_set"]["masked_tokens"]
     assert "unigram baseline" in printed and "random init" in printed and "reverse" in printed
     assert quality_table.main(["--pretrained", str(tmp_path / "nowhere"), "--random_init", str(tmp_path)]) == 2
     assert "nowhere: tools/eval_mlm.py results not found" in capsys.readouterr().err

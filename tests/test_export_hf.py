@@ -29,7 +29,8 @@ try:  # optional for training; test_plot_run.py imports the shared run from here
     from safetensors import torch as safetensors_torch
 except ImportError:
     transformers = None
-pytestmark = pytest.mark.skipif(transformers is None, reason="needs transformers and safetensors")
+# the export and the loading back need them; the checks of foreign inputs run without them
+needs_transformers = pytest.mark.skipif(transformers is None, reason="needs transformers and safetensors")
 
 # The synthetic data uses ids 0..95; three extra words make the vocab 99 long, so the model
 # pads it to 104 rows and the export has padding rows to drop. They also give the tokenizer
@@ -99,6 +100,7 @@ def padded_batch(seed=0, lengths=(128, 70, 23, 5)):
     return ids, mask, seg
 
 
+@needs_transformers
 def test_exported_folder_has_model_tokenizer_and_readme(exported):
     names = set(os.listdir(exported))
     assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md"} <= names
@@ -110,6 +112,7 @@ def test_exported_folder_has_model_tokenizer_and_readme(exported):
     assert "pooler" in readme and "next-sentence" in readme and "padding row" in readme
 
 
+@needs_transformers
 def test_exported_files_are_readable_as_the_umask_says(tiny_run, tmp_path):
     """Other users of a shared cluster read the export: under umask 022 every file is 0644
     (safetensors writes its file 0600 on its own)."""
@@ -123,6 +126,7 @@ def test_exported_files_are_readable_as_the_umask_says(tiny_run, tmp_path):
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
+@needs_transformers
 def test_hf_logits_equal_ours_at_real_positions(exported, ours):
     model, _, _ = ours
     hf = transformers.AutoModelForMaskedLM.from_pretrained(exported, local_files_only=True).eval()
@@ -137,6 +141,7 @@ def test_hf_logits_equal_ours_at_real_positions(exported, ours):
     assert expected[real].std() > 0.1  # real scores, not a degenerate model
 
 
+@needs_transformers
 def test_fill_mask_pipeline_predicts_what_we_predict(exported, ours):
     model, _, _ = ours
     fill = transformers.pipeline("fill-mask", model=exported, tokenizer=exported, device="cpu")
@@ -152,6 +157,7 @@ def test_fill_mask_pipeline_predicts_what_we_predict(exported, ours):
     assert best["token"] == scores[0, position, :VOCAB_REAL].argmax().item()
 
 
+@needs_transformers
 def test_tokenizer_gives_our_ids(exported, tiny_run):
     hf = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
     tokenizer = BertTokenizer(os.path.join(tiny_run["root"], "vocab.txt"))
@@ -171,6 +177,7 @@ def test_tokenizer_gives_our_ids(exported, tiny_run):
     assert hf.mask_token_id == tokenizer.vocab["[MASK]"] and hf.pad_token_id == tokenizer.vocab["[PAD]"]
 
 
+@needs_transformers
 def test_round_trip_restores_our_weights(exported, ours):
     _, state, config = ours
     hf_state, hf_config = ours_to_hf(state, config, VOCAB_REAL)
@@ -198,6 +205,7 @@ def test_round_trip_restores_our_weights(exported, ours):
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
 
+@needs_transformers
 def test_transformer_kernel_layout_bf16_checkpoint_exports_with_cf(ours, tiny_run, tmp_path):
     """A checkpoint in the DeepSpeed transformer-kernel layout, bf16, keys under 'module.',
     without the saved job config: loaded as fp32 weights with the original's keys and exported with --cf."""
@@ -256,6 +264,7 @@ def _error_line(capsys, argv):
     return err
 
 
+@needs_transformers
 def test_bad_paths_give_one_line_errors(tiny_run, tmp_path, capsys):
     out = str(tmp_path / "hf")
     missing = str(tmp_path / "nowhere")
@@ -283,6 +292,7 @@ def test_bad_paths_give_one_line_errors(tiny_run, tmp_path, capsys):
     assert "vocab file not found" in err and str(tmp_path / "gone" / "vocab.txt") in err and "--cf" in err
 
 
+@needs_transformers
 def test_the_vocab_is_the_one_the_checkpoint_was_trained_with(tiny_run, tmp_path, capsys):
     """A vocab file of the same size changed at the path args.json names: the copy beside the
     checkpoint is exported; without the copy, the recorded sha256 refuses the changed file."""

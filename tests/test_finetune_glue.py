@@ -203,6 +203,7 @@ def test_single_task_median_of_seeds(pretrained, glue_dir, tmp_path):
     assert entry["scores"][entry["median_seed"]] == entry["score"]
     predictions = read_predictions(out / "dev_predictions.tsv")
     gold = [e.label for e in read_examples(os.path.join(glue_dir, "SST-2", "dev.tsv"), TASKS["sst2"])]
+    assert len(predictions) == len(gold) == entry["dev_examples"]
     assert np.mean([int(p) == g for p, g in zip(predictions, gold)]) == pytest.approx(entry["score"])
 
 

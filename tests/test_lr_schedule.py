@@ -115,8 +115,10 @@ def test_every_schedule_is_named_once_in_the_table():
 
     help_text = get_argument_parser().format_help()
     assert all(f"{name}:" in help_text for name in LR_SCHEDULES)
+    # each one callable from the table, at step 50 of 100 (warmup 10 steps, decay every 10) and half the budget
     training = {"total_training_steps": 100, "warmup_proportion": 0.1, "decay_rate": 0.9, "decay_step": 10}
-    assert all(0.0 <= factor(name, 50, training, budget_fraction=0.5) <= 1.0 for name in LR_SCHEDULES)
+    expected = {"LE": 0.9 ** 4, "EE": 0.9 ** 4, "EP": (1 - 0.5) ** 2, "WSD": 1.0, "budget": 1.0}
+    assert {name: factor(name, 50, training, budget_fraction=0.5) for name in LR_SCHEDULES} == pytest.approx(expected)
 
 
 def test_a_schedule_that_reached_zero_says_once_that_the_steps_after_it_do_not_train(data_root, tmp_path, capsys):

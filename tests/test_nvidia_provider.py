@@ -99,6 +99,7 @@ def test_provider_epochs_and_background_prefetch(tmp_path):
         # Same (seed, epoch, rank) -> same order, whatever happened before.
         first = [provider.get_batch(r).input_ids for r in provider.get_shard(0)[0]]
         again = [provider.get_batch(r).input_ids for r in provider.get_shard(0)[0]]
+        assert len(first) == len(again) == sizes[provider.shard_path(0)]
         assert all(torch.equal(a, b) for a, b in zip(first, again))
     finally:
         provider.close()

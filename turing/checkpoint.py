@@ -157,6 +157,18 @@ def prune_interval_checkpoints(path, keep_last, keep):
             logger.info("Removed old interval checkpoint %s", tag)
 
 
+def not_loadable(folder, why):
+    """The warning for a checkpoint a resume passes over, as logger arguments: one wording whether its
+    files are seen to be damaged (`resume_candidates`) or the engine fails on them (the trainer's restore)."""
+    return "Checkpoint %s cannot be loaded (%s)", folder, why
+
+
+def none_loadable(path, reasons):
+    """The error when no checkpoint in `path` loads; `reasons`: 'TAG: why' for each one passed over."""
+    return (f"{path}: no checkpoint there can be loaded ({'; '.join(reasons)}); move the folder away to start fresh, "
+            "or give another --job_name")
+
+
 def resume_candidates(path, tag, warn=logger.warning, folder_flag="--load_training_checkpoint",
                       tag_flag="--load_checkpoint_id"):
     """The checkpoint tags in `path` to try, best first, for a resume from `tag` (None or
@@ -206,10 +218,9 @@ def resume_candidates(path, tag, warn=logger.warning, folder_flag="--load_traini
             usable.append(candidate)
         else:
             damaged.append(f"{candidate}: {damage}")
-            warn("Checkpoint %s cannot be loaded (%s)", os.path.join(path, candidate), damage)
+            warn(*not_loadable(os.path.join(path, candidate), damage))
     if not usable:
-        raise InputValueError(f"{path}: no checkpoint there can be loaded ({'; '.join(damaged) or f'{tag} incomplete'}); "
-                              f"move the folder away to start fresh, or give another --job_name")
+        raise InputValueError(none_loadable(path, damaged or [f"{tag} incomplete"]))
     if usable[0] != tag:
         warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
     return usable

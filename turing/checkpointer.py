@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, VOCAB_COPY, check_weights_only, complete_tags, engine_tags,
-                               holds_checkpoints, prune_interval_checkpoints, resume_candidates, sync_folder,
-                               weights_only_loads, write_atomic)
+                               holds_checkpoints, none_loadable, not_loadable, prune_interval_checkpoints,
+                               resume_candidates, sync_folder, weights_only_loads, write_atomic)
 from turing.distributed import all_ranks, all_reduce, barrier
 from turing.epoch_plan import EpochPlan
-from turing.errors import InputError, StopTraining
+from turing.errors import InputError, InputValueError, StopTraining
 from turing.process import set_seeds
 from turing.run_config import RunState
 
@@ -164,7 +164,7 @@ class Checkpointer:
         state holds the run position; returns (tag, client state). Those that fail are warned
         about. Every file of a candidate loads weights-only, or the run stops (unless
         --trust_checkpoint)."""
-        failed = []
+        failed, reasons = [], []  # the candidates passed over, and 'TAG: why' of each
         trust = self.cfg.trust_checkpoint
         for candidate in resume_candidates(path, tag):
             folder = os.path.join(path, candidate)
@@ -188,9 +188,9 @@ class Checkpointer:
                         logger.warning("Resuming from %s instead of %s", folder, ", ".join(failed))
                     return candidate, client_state
             failed.append(candidate)
-            logger.warning("Checkpoint %s does not load (%s)", folder, why)
-        raise InputError(f"{path}: no checkpoint there loads (tried {', '.join(failed)}; reasons above); move the "
-                         f"folder away to start fresh, or give another --job_name")
+            reasons.append(f"{candidate}: {why}")
+            logger.warning(*not_loadable(folder, why))
+        raise InputValueError(none_loadable(path, reasons))
 
 
 def write_engine_checkpoint(engine, path, tag, client_state):
