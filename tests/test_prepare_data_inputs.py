@@ -275,6 +275,38 @@ def test_a_stop_during_vocab_training_is_answered_at_once(tmp_path, monkeypatch)
     assert time.time() - started < 3 and not os.path.exists(journal.vocab)
 
 
+def _idle_worker(parent, ready):
+    prepare_data.end_with_parent(parent)    # what every worker process runs first, pool or not
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_worker_ends_on_sigterm_though_the_main_process_handles_it():
+    """--build_vocab's sample is split in a multiprocessing.Pool, forked after main() installed its stop
+    handlers, whose terminate() (when the pool closes) sends SIGTERM. Its workers once kept the
+    inherited handler, which only records a stop, so a worker that had not yet taken the pool's end
+    marker never ended and the run waited for it forever (a race: seen on a loaded machine)."""
+    import multiprocessing
+
+    signals = prepare_data.StopSignals()
+    signals.install()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        ready = ctx.Event()
+        worker = ctx.Process(target=_idle_worker, args=(os.getpid(), ready), daemon=True)
+        worker.start()
+        assert ready.wait(30)
+        worker.terminate()                  # SIGTERM, as Pool.terminate sends it
+        worker.join(10)
+        ended = worker.exitcode
+        if ended is None:
+            worker.kill()
+            worker.join()
+    finally:
+        signals.uninstall()
+    assert ended == -signal.SIGTERM and signals.received is None
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
 def test_a_fifo_is_not_read(vocab, tmp_path, capsys, caplog):
     """A FIFO would block open() for ever: one among the input files is skipped with a warning,

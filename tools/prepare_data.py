@@ -1159,11 +1159,16 @@ def load_chunk(path):
 def end_with_parent(parent, inherited=()):
     """In a worker process (forked): let go of the descriptors `inherited` that only the main
     process may hold (the journal's lock: a worker holding it keeps the lock after the main process
-    is gone), and end when the main process `parent` ends, however it ends (SIGKILL too): the
-    kernel's parent-death signal on Linux, and everywhere a thread that sees the parent change
-    (an orphan is adopted by another process)."""
+    is gone), leave SIGINT/SIGTERM to the main process, and end when the main process `parent`
+    ends, however it ends (SIGKILL too): the kernel's parent-death signal on Linux, and everywhere
+    a thread that sees the parent change (an orphan is adopted by another process)."""
     for fd in inherited:
         os.close(fd)
+    # A forked worker inherits the main process's handler, which only records a stop: a pool's
+    # terminate() (SIGTERM) would then never end it, and the pool would wait for it forever. The
+    # main process stops the workers and removes its temporary folder.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
@@ -1180,10 +1185,6 @@ def _worker_main(tasks, results, settings, tokenizer, tokens_by_id, parent, inhe
     sends their results on `results` (a pipe), in order, as (True, result) or (False, exception);
     it ends with the main process `parent` (see end_with_parent)."""
     end_with_parent(parent, inherited)
-    # The main process handles SIGINT/SIGTERM (a forked worker inherits its handler): it
-    # stops the workers and removes its temporary folder.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
     for task in iter(tasks.get, None):
         try:
