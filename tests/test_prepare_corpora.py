@@ -6,6 +6,7 @@ the splitter's own sentence counts, shards without markup and stats.json counts 
 import bz2
 import gzip
 import importlib
+import io
 import json
 import os
 import types
@@ -16,8 +17,8 @@ import pytest
 from testkit import corpora as files
 from tests.test_prepare_data import read_bing
 from tools import prepare_data
-from tools.prep import workers
-from tools.prep.documents import RECORDS, CorpusReader, ReadCounts, read_documents
+from tools.prep import layouts, workers
+from tools.prep.documents import RECORDS, CorpusReader, DocumentReader, ReadCounts, read_documents
 from tools.prep.filters import DocumentFilter, document_key
 from tools.prep.journal import WORK_DIR, run_fingerprint
 from tools.prep.layouts import ReadOptions, find_sources
@@ -477,12 +478,69 @@ def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpu
     assert prepare_data.main(argv + ["--output_dir", str(killed), "--seed", "7", "--overwrite"]) == 0
 
 
-def test_bz2_reader_streams_pages(corpus):
-    """A dump is read page by page: the reader's bytes consumed grow as it goes (it is not read whole)."""
-    sources = find_sources([corpus.paths["bz2"]])
-    steps = [n for _, n in read_documents(sources[0], ReadOptions(), ReadCounts(), None)]
-    assert sum(steps) == os.path.getsize(corpus.paths["bz2"])
-    assert bz2.decompress(open(corpus.paths["multistream"], "rb").read()).startswith(b"<mediawiki")
+class ReadProbe(io.FileIO):
+    """A file that records how it is read from the operating system: every read's size."""
+
+    def __init__(self, path):
+        super().__init__(path, "rb")
+        self.sizes = []
+
+    def readinto(self, buffer):
+        n = super().readinto(buffer)
+        self.sizes.append(n or 0)
+        return n
+
+    def readall(self):
+        data = super().readall()
+        self.sizes.append(len(data))
+        return data
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A corpus far larger than any one read (a real one is GBs), as a multistream dump (100 pages a
+    bz2 stream, as Wikipedia's; one stream gives nothing before a 900 KB block is read whole), gzipped
+    JSON lines and plain text; each over 400 KB as stored."""
+    root = tmp_path_factory.mktemp("big")
+    docs = list(files.synthetic_documents(2000, seed=11))
+    return {"multistream": files.write_mediawiki(str(root / "big-pages-articles-multistream.xml.bz2"), docs,
+                                                 multistream=True),
+            "jsonl_gz": files.write_jsonl(str(root / "big.jsonl.gz"), docs),
+            "text": files.write_text(str(root / "big.txt"), docs, SPLIT)}
+
+
+@pytest.mark.parametrize("name", ["multistream", "jsonl_gz", "text"])
+def test_readers_stream_their_input(big, name, monkeypatch):
+    """A corpus is read as it is used, never whole: no single read takes more than a quarter of the
+    file (a reader that reads it at once fails), the first document comes before a quarter of it is
+    read (one that decompresses or parses all of it first fails), and the bytes the reader reports
+    follow what it has read (the progress bar's), summing to the file's size."""
+    path = big[name]
+    size = os.path.getsize(path)
+    probes = []
+    real_open = open
+
+    def probed_open(file, mode="r", *args, **kwargs):
+        if os.fspath(file) != path or mode != "rb":
+            return real_open(file, mode, *args, **kwargs)
+        probes.append(ReadProbe(file))
+        return io.BufferedReader(probes[-1])
+
+    monkeypatch.setattr(layouts, "open", probed_open, raising=False)   # the one place input files are opened
+    (source,) = find_sources([path])
+    probes.clear()
+    reported, first, lags = 0, None, []
+    for doc, nbytes in read_documents(source, ReadOptions(), ReadCounts(), DocumentReader([])):
+        (probe,) = probes
+        reported += nbytes
+        lags.append(sum(probe.sizes) - reported)
+        if doc and first is None:
+            first = sum(probe.sizes)
+    assert len(lags) > 1000 and max(probe.sizes) <= size // 4, (size, max(probe.sizes))
+    assert first <= size // 4, (first, size)
+    assert 0 <= min(lags) and max(lags) <= size // 4 and reported == size == sum(probe.sizes)
+    if name == "multistream":   # a dump of many bz2 streams, which bz2 reads one after another
+        assert bz2.decompress(open(path, "rb").read()).startswith(b"<mediawiki")
 
 
 def test_hf_reads_arrow_files_and_local_data_files(corpus):
