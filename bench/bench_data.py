@@ -52,7 +52,8 @@ from bench.baseline_nvidia import PerSampleNvidiaDataset  # noqa: E402
 from bing_bert_dataset_provider import BingBertDatasetProvider  # noqa: E402
 from data_worker import AsyncWorker  # noqa: E402
 from nvidia_bert_dataset_provider import HDF5_KEYS, NvidiaBertDatasetProvider  # noqa: E402
-from tools.prepare_data import Settings, nvidia_arrays  # noqa: E402
+from tools.prep.instances import nvidia_arrays  # noqa: E402
+from tools.prep.workers import Settings  # noqa: E402
 from turing.dataset import BingShard, VocabIndex, tokenize_shard, truncate_pair  # noqa: E402
 from turing.tokenization import load_vocab, special_token_ids  # noqa: E402
 

@@ -17,7 +17,7 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
 3. `--splitters`: each candidate sentence splitter's sentences/s per core (CPU time, one call
    per paragraph as the pipeline calls it) and its agreement with bench/data/sentences_gold.txt
    (84 sentences labelled by hand, 28 passages: boundary F1 and exact sentences); wikitext
-   reduction MB/s (tools/corpora.py against mwparserfromhell's strip_code alone) and bz2
+   reduction MB/s (tools/prep/sentences.py against mwparserfromhell's strip_code alone) and bz2
    decompression MB/s, for a projection to a Wikipedia dump. The other candidates are not in
    any requirements file: `pip install pysbd syntok spacy` first (a missing one is skipped).
 4. `--long_document_mb N`: the corpus with one more document of N MB of text first (a book, or a
@@ -48,7 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import append_json_lines, load_average  # noqa: E402
 from testkit import corpora as files  # noqa: E402
-from tools import corpora  # noqa: E402
+from tools.prep import CorpusError  # noqa: E402
+from tools.prep.layouts import ReadOptions, find_sources  # noqa: E402
+from tools.prep.sentences import SPLITTERS, SentenceSplitter, wikitext_to_text  # noqa: E402
 
 logger = logging.getLogger("bench_prepare")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +108,7 @@ def write_corpus(layout, folder, make):
     if layout == "mediawiki":
         return files.write_mediawiki(os.path.join(folder, "enwiki-pages-articles.xml"), make())
     if layout == "text":
-        split = corpora.SentenceSplitter()
+        split = SentenceSplitter()
         return files.write_text(os.path.join(folder, "corpus.txt"), make(), split)
     if layout == "text_docs":
         return files.write_text_docs(os.path.join(folder, "corpus_docs.txt"), make())
@@ -231,16 +233,17 @@ def bench_long_document(args, vocab):
 def bench_reading(args, make, text_bytes):
     """The main process's share per layout: reading the input, the duplicate filter and the
     chunking, in this process (CPU seconds): what bounds the speed-up from more workers."""
-    from tools.prepare_data import CorpusReader, DocumentFilter, iter_chunks
+    from tools.prep.documents import CorpusReader
+    from tools.prep.filters import DocumentFilter, iter_chunks
 
     records = []
     for layout in args.layouts:
         folder = os.path.join(args.work, f"in_{layout}_{args.mb}")
         names = [n for n in os.listdir(folder) if not n.endswith(".cache")] if os.path.isdir(folder) else []
         path = os.path.join(folder, names[0]) if names else write_corpus(layout, folder, make)
-        sources = corpora.find_sources([path], "text_docs" if layout == "text_docs" else None)
+        sources = find_sources([path], "text_docs" if layout == "text_docs" else None)
         t0 = time.process_time()
-        chunks = sum(1 for _ in iter_chunks(CorpusReader(sources, corpora.ReadOptions()), 2**18, 0.0,
+        chunks = sum(1 for _ in iter_chunks(CorpusReader(sources, ReadOptions()), 2**18, 0.0,
                                             DocumentFilter()))
         cpu = time.process_time() - t0
         rec = {"reading_layout": layout, "text_mb": round(text_bytes / 1e6, 1), "chunks": chunks,
@@ -310,11 +313,11 @@ def bench_splitters(make):
     paragraphs = [p for _, doc in itertools.islice(make(), 400) for p in doc]
     real = [" ".join(p) for p in passages] * 20
     records = []
-    for name in corpora.SPLITTERS:
+    for name in SPLITTERS:
         try:
-            split = corpora.SentenceSplitter(name)
+            split = SentenceSplitter(name)
             split("Warm up. Now.")
-        except corpora.CorpusError as e:
+        except CorpusError as e:
             logger.warning("%s: %s", name, e)
             continue
         f1, exact = agreement(split, passages)
@@ -338,7 +341,7 @@ def bench_wikitext(make):
     pages = [files.wikitext(i, doc) for i, (_, doc) in enumerate(docs)]
     size = sum(map(len, pages)) / 1e6
     rec = {"wikitext_mb": round(size, 2)}
-    for label, fn in (("ours", corpora.wikitext_to_text),
+    for label, fn in (("ours", wikitext_to_text),
                       ("strip_code_only", lambda t: mwparserfromhell.parse(t).strip_code())):
         t0 = time.process_time()
         for page in pages:
@@ -374,7 +377,7 @@ def main(argv=None):
     text_bytes = sum(sum(map(len, doc)) for _, doc in make())
     vocab = os.path.join(args.work, "vocab.txt")
     if not os.path.exists(vocab):
-        from tools.prepare_data import train_vocab
+        from tools.prep.vocab import train_vocab
 
         sample = os.path.join(args.work, "vocab_sample.txt")
         with open(sample, "w", encoding="utf-8") as f:

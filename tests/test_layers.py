@@ -28,10 +28,45 @@ def test_the_library_imports_no_script_above_it():
     assert {f: names for f, names in upward.items() if names} == {}
 
 
+def python_files(folder):
+    """The .py files below `folder` (sub-packages too), as paths relative to it."""
+    return sorted(os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder)
+                  for name in names if name.endswith(".py"))
+
+
 def test_no_tool_imports_the_trainer():
     folder = os.path.join(REPO, "tools")
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    files = python_files(folder)
+    assert "prep/workers.py" in files
     assert {f for f in files if "deepspeed_train" in imported_modules(os.path.join(folder, f))} == set()
+
+
+def imported_names(path):
+    """Every dotted name a file imports: `import a.b` gives a.b, `from a import b` gives a.b."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_pipeline_stages_import_no_tool_above_them():
+    """tools/prep/ is prepare_data's machinery: its stages import each other, the library and
+    packages, never a tool (the command line tools/prepare_data.py, or any other) or a script."""
+    folder = os.path.join(REPO, "tools", "prep")
+    files = python_files(folder)
+    assert len(files) > 10
+
+    def above(name):
+        top = name.split(".")[0]
+        own = name == "tools.prep" or name.startswith("tools.prep.")      # (tools.prepare_data is not)
+        return (top == "tools" and not own) or (top in ROOT_MODULES and top != "tools")
+
+    upward = {f: sorted(filter(above, imported_names(os.path.join(folder, f)))) for f in files}
+    assert {f: names for f, names in upward.items() if names} == {}
 
 
 def test_one_way_to_open_a_trained_model():

@@ -1,10 +1,12 @@
-"""tools/prepare_data.py on the corpora users have (tools/corpora.py): the same documents written
-as a MediaWiki export (templates, tables, references, a redirect, a talk page; .xml, .bz2 and a
-multistream .bz2), WikiExtractor output (<doc> files and --json), JSON lines (.gz, .zst),
-parquet, a `datasets` save_to_disk folder and plain text all give the same documents, the
-splitter's own sentence counts, shards without markup and stats.json counts that match."""
+"""tools/prepare_data.py on the corpora users have (tools/prep/layouts.py and documents.py): the
+same documents written as a MediaWiki export (templates, tables, references, a redirect, a talk
+page; .xml, .bz2 and a multistream .bz2), WikiExtractor output (<doc> files and --json), JSON lines
+(.gz, .zst), parquet, a `datasets` save_to_disk folder and plain text all give the same documents,
+the splitter's own sentence counts, shards without markup and stats.json counts that match."""
 import bz2
 import gzip
+import importlib
+import io
 import json
 import os
 import types
@@ -14,9 +16,16 @@ import pytest
 
 from testkit import corpora as files
 from tests.test_prepare_data import read_bing
-from tools import corpora, prepare_data
+from tools import prepare_data
+from tools.prep import layouts, workers
+from tools.prep.documents import RECORDS, CorpusReader, DocumentReader, ReadCounts, read_documents
+from tools.prep.filters import DocumentFilter, document_key
+from tools.prep.journal import WORK_DIR, run_fingerprint
+from tools.prep.layouts import ReadOptions, find_sources
+from tools.prep.sentences import _PARSE_BLOCK, SentenceSplitter, document_sentences, wikitext_to_text
+from tools.prep.vocab import sample_documents
 
-SPLIT = corpora.SentenceSplitter()
+SPLIT = SentenceSplitter()
 MARKUP = set("{}[]|<>=") | {"ref", "thumb", "infobox", "category", "cite", "wikitable", "redirect", "talk",
                             "convert", "citation", "needed", "caption", "picture", "jpg", "ort", "de"}
 
@@ -54,9 +63,9 @@ def corpus(tmp_path_factory):
 
 
 def documents_of(path, **options):
-    sources = corpora.find_sources([path], options.pop("input_format", None))
-    reader = prepare_data.CorpusReader(sources, corpora.ReadOptions(**options))
-    return [corpora.document_sentences(doc, SPLIT) for doc, _ in reader if doc], reader, sources
+    sources = find_sources([path], options.pop("input_format", None))
+    reader = CorpusReader(sources, ReadOptions(**options))
+    return [document_sentences(doc, SPLIT) for doc, _ in reader if doc], reader, sources
 
 
 LAYOUTS = {"xml": "mediawiki", "bz2": "mediawiki", "multistream": "mediawiki", "wikiextractor": "wikiextractor",
@@ -71,11 +80,11 @@ def test_every_layout_gives_the_same_documents(corpus, name):
     assert len(docs) == len(corpus.expected) and docs == corpus.expected
     if LAYOUTS[name] == "mediawiki":       # the talk page and the redirect are not documents
         assert (reader.counts.other_pages, reader.counts.redirects) == (1, 1)
-    assert sum(n for _, n in prepare_data.CorpusReader(sources, corpora.ReadOptions())) == sum(s.size for s in sources)
+    assert sum(n for _, n in CorpusReader(sources, ReadOptions())) == sum(s.size for s in sources)
 
 
 def test_wikitext_loses_its_markup_and_keeps_link_text():
-    text = corpora.wikitext_to_text(
+    text = wikitext_to_text(
         "{{Infobox river|name=Alder|length={{convert|240|km}}}}\nThe '''Alder''' is a [[river]] in "
         "[[North Country|the north]].<ref>{{cite web|title=Rivers}}</ref> It flows <b>south</b>.<ref name=a/>\n"
         "== History ==\n{| class=\"wikitable\"\n! Town !! People\n|-\n| Marsh End || 300\n|}\n"
@@ -84,7 +93,7 @@ def test_wikitext_loses_its_markup_and_keeps_link_text():
     assert text.split("\n") == ["The Alder is a river in the north. It flows south.", "A list item & more.",
                                 "See the site and here."]
     # A template's empty last argument ("|}}") is not a table's end; an unclosed one drops the rest.
-    assert corpora.wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
+    assert wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
 
 
 def tokenizer_reads(monkeypatch, budget_per_char=400):
@@ -107,7 +116,7 @@ def tokenizer_reads(monkeypatch, budget_per_char=400):
 
     def reads(text):
         count[:] = [0, budget_per_char * len(text)]
-        corpora.wikitext_to_text(text)
+        wikitext_to_text(text)
         return count[0]
     return reads
 
@@ -123,7 +132,7 @@ def test_wikitext_reduction_is_linear_in_markup_that_never_closes(monkeypatch, u
     small, large = (reads("Intro.\n" + unit * n + end) for n in (150, 600))
     assert large < 6 * small, (small, large)
     # what never closes is text, as before; what closes is reduced as before
-    assert corpora.wikitext_to_text("See [http://a.b the site] and [http://c.d more\n<span>x [[a|b]] [[c d") == \
+    assert wikitext_to_text("See [http://a.b the site] and [http://c.d more\n<span>x [[a|b]] [[c d") == \
         "See the site and [ more\n<span>x b [[c d"
 
 
@@ -136,10 +145,10 @@ def test_a_long_page_is_parsed_in_bounded_pieces_to_the_same_text(monkeypatch):
     monkeypatch.setattr(mwparserfromhell, "parse", lambda text, **kw: seen.append(len(text)) or real_parse(text, **kw))
     pages = [files.wikitext(i, doc) for i, (_, doc) in enumerate(files.synthetic_documents(40, seed=1))]
     one_page = "\n\n".join(pages)
-    assert len(one_page) > 4 * corpora._PARSE_BLOCK
-    text = corpora.wikitext_to_text(one_page)
-    assert 0 < max(seen) <= corpora._PARSE_BLOCK
-    assert text == "\n".join(corpora.wikitext_to_text(page) for page in pages)
+    assert len(one_page) > 4 * _PARSE_BLOCK
+    text = wikitext_to_text(one_page)
+    assert 0 < max(seen) <= _PARSE_BLOCK
+    assert text == "\n".join(wikitext_to_text(page) for page in pages)
 
 
 def run(corpus, out, *inputs, fmt="bing", extra=()):
@@ -189,16 +198,16 @@ def test_a_document_longer_than_the_chunk_size_is_cut_in_every_layout(corpus, tm
     Now no document handed on is longer, in any layout, none of the text is lost, and it is said."""
     long_document = ("Long", [p for _, doc in corpus.docs for p in doc])
     path = LONG_WRITERS[layout](tmp_path, [long_document] + corpus.docs[:3])
-    sources = corpora.find_sources([path], "text_docs" if layout == "text_docs" else None)
-    whole = [doc for doc, _ in prepare_data.CorpusReader(sources, corpora.ReadOptions()) if doc]
+    sources = find_sources([path], "text_docs" if layout == "text_docs" else None)
+    whole = [doc for doc, _ in CorpusReader(sources, ReadOptions()) if doc]
     limit = 4096
     assert len(whole[0]) > 4 * limit
-    reader = prepare_data.CorpusReader(sources, corpora.ReadOptions(), max_document_bytes=limit)
+    reader = CorpusReader(sources, ReadOptions(), max_document_bytes=limit)
     with caplog.at_level("WARNING"):
         pieces = [doc for doc, _ in reader if doc]
     assert max(map(len, pieces)) <= limit and len(pieces) > len(whole) + 3
     assert "".join(pieces) == "".join(whole)
-    assert f"{corpora.RECORDS[layout]} 1: a document of " in caplog.text and "more than --chunk_size_mb" in caplog.text
+    assert f"{RECORDS[layout]} 1: a document of " in caplog.text and "more than --chunk_size_mb" in caplog.text
     (warning,) = reader.warnings()
     assert warning.startswith(f"1 document(s) longer than --chunk_size_mb were cut into {len(pieces) - 3} pieces")
 
@@ -362,14 +371,14 @@ def test_uncached_hf_dataset_name_says_what_to_fetch(corpus, tmp_path, capsys, m
 
 
 def test_a_missing_optional_package_names_the_pip_install(corpus, tmp_path, capsys, monkeypatch):
-    real = corpora.importlib.import_module
+    real = importlib.import_module
 
     def no_mwparser(name, *a):
         if name == "mwparserfromhell":
             raise ImportError(name)
         return real(name, *a)
 
-    monkeypatch.setattr(corpora.importlib, "import_module", no_mwparser)
+    monkeypatch.setattr(importlib, "import_module", no_mwparser)
     line = error_of(capsys, ["--input", corpus.paths["xml"], *base(corpus, tmp_path / "o")])
     assert "needs the Python package mwparserfromhell: pip install -r requirements-corpora.txt" in line
 
@@ -389,9 +398,9 @@ def test_parts_hold_every_document_once_and_train_as_one_dataset(corpus, tmp_pat
     keys = []
     for k in range(3):
         run(corpus, out, path, fmt="nvidia", extra=["--num_parts", 3, "--part", k, "--validation_fraction", 0.1])
-        keep = prepare_data.DocumentFilter(3, k)
-        keys.append({corpora.document_key(d) for d, _ in prepare_data.CorpusReader(
-            corpora.find_sources([path]), corpora.ReadOptions()) if d and keep(corpora.document_key(d))})
+        keep = DocumentFilter(3, k)
+        keys.append({document_key(d) for d, _ in CorpusReader(
+            find_sources([path]), ReadOptions()) if d and keep(document_key(d))})
     assert sum(map(len, keys)) == len(set().union(*keys)) == whole["documents_kept"] == 90
     stats = [json.loads((out / f"stats.part{k:03d}.json").read_text()) for k in range(3)]
     assert sum(s["documents_kept"] for s in stats) == 90 and sum(s["duplicates"] for s in stats) == 10
@@ -411,16 +420,16 @@ def test_build_vocab_trains_on_a_bounded_sample_of_any_layout(corpus, tmp_path, 
     assert len(sampled) == 1, sampled
     n = int(sampled[0].split("sample of ")[1].split()[0])
     assert 0 < n < len(corpus.docs) / 2, sampled      # 4 KB of 24 documents of about 1 KB
-    sample = prepare_data.sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
+    sample = sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
     assert sum(map(len, sample)) <= 30 and sample == sorted(sample, key=int)
-    assert sample == prepare_data.sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
+    assert sample == sample_documents(((d, 0) for d in map(str, range(1000))), 30, seed=1)
     vocab = (tmp_path / "o" / "vocab.txt").read_text().split("\n")
     assert "[UNK]" in vocab and not {"{{", "[[", "ref"} & set(vocab)
 
 
 def test_progress_lines_when_not_on_a_terminal(corpus, tmp_path, caplog, monkeypatch):
     caplog.set_level("INFO")
-    monkeypatch.setattr(prepare_data, "PROGRESS_SECONDS", 0)
+    monkeypatch.setattr(workers, "PROGRESS_SECONDS", 0)
     run(corpus, tmp_path / "o", corpus.paths["jsonl_gz"], extra=["--chunk_size_mb", 0.002])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
     assert len(lines) > 2 and "MB of input" in lines[-1] and "left" in lines[-1]
@@ -440,7 +449,7 @@ def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpu
     proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *argv, "--output_dir", str(out)],
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    chunks = out / prepare_data.WORK_DIR / "chunks"
+    chunks = out / WORK_DIR / "chunks"
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None and len(os.listdir(chunks) if chunks.exists() else []) < 5:
         time.sleep(0.01)
@@ -455,26 +464,83 @@ def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpu
     assert prepare_data.main(argv + ["--output_dir", str(fresh), "--prefix", "o"]) == 0
     for name in ("o_training_shard0.hdf5", "o_training_shard1.hdf5"):
         assert (out / "train" / name).read_bytes() == (fresh / "train" / name).read_bytes()
-    assert not (out / prepare_data.WORK_DIR).exists()
+    assert not (out / WORK_DIR).exists()
     # An unfinished run of other settings is refused, or started afresh with --overwrite.
     killed = tmp_path / "k"
-    (killed / prepare_data.WORK_DIR / "chunks").mkdir(parents=True)
-    fingerprint = prepare_data.run_fingerprint(prepare_data.build_parser().parse_args(
-        argv + ["--output_dir", str(killed)]), corpora.find_sources([path]))
-    (killed / prepare_data.WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
-    np.savez(killed / prepare_data.WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
+    (killed / WORK_DIR / "chunks").mkdir(parents=True)
+    fingerprint = run_fingerprint(prepare_data.build_parser().parse_args(
+        argv + ["--output_dir", str(killed)]), find_sources([path]))
+    (killed / WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
+    np.savez(killed / WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
     line = error_of(capsys, argv + ["--output_dir", killed, "--seed", 7])
     assert "holds the unfinished work of a run with other settings (--seed 12345 then, 7 now)" in line
     assert "--overwrite" in line
     assert prepare_data.main(argv + ["--output_dir", str(killed), "--seed", "7", "--overwrite"]) == 0
 
 
-def test_bz2_reader_streams_pages(corpus):
-    """A dump is read page by page: the reader's bytes consumed grow as it goes (it is not read whole)."""
-    sources = corpora.find_sources([corpus.paths["bz2"]])
-    steps = [n for _, n in corpora.read_documents(sources[0], corpora.ReadOptions(), corpora.ReadCounts(), None)]
-    assert sum(steps) == os.path.getsize(corpus.paths["bz2"])
-    assert bz2.decompress(open(corpus.paths["multistream"], "rb").read()).startswith(b"<mediawiki")
+class ReadProbe(io.FileIO):
+    """A file that records how it is read from the operating system: every read's size."""
+
+    def __init__(self, path):
+        super().__init__(path, "rb")
+        self.sizes = []
+
+    def readinto(self, buffer):
+        n = super().readinto(buffer)
+        self.sizes.append(n or 0)
+        return n
+
+    def readall(self):
+        data = super().readall()
+        self.sizes.append(len(data))
+        return data
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A corpus far larger than any one read (a real one is GBs), as a multistream dump (100 pages a
+    bz2 stream, as Wikipedia's; one stream gives nothing before a 900 KB block is read whole), gzipped
+    JSON lines and plain text; each over 400 KB as stored."""
+    root = tmp_path_factory.mktemp("big")
+    docs = list(files.synthetic_documents(2000, seed=11))
+    return {"multistream": files.write_mediawiki(str(root / "big-pages-articles-multistream.xml.bz2"), docs,
+                                                 multistream=True),
+            "jsonl_gz": files.write_jsonl(str(root / "big.jsonl.gz"), docs),
+            "text": files.write_text(str(root / "big.txt"), docs, SPLIT)}
+
+
+@pytest.mark.parametrize("name", ["multistream", "jsonl_gz", "text"])
+def test_readers_stream_their_input(big, name, monkeypatch):
+    """A corpus is read as it is used, never whole: no single read takes more than a quarter of the
+    file (a reader that reads it at once fails), the first document comes before a quarter of it is
+    read (one that decompresses or parses all of it first fails), and the bytes the reader reports
+    follow what it has read (the progress bar's), summing to the file's size."""
+    path = big[name]
+    size = os.path.getsize(path)
+    probes = []
+    real_open = open
+
+    def probed_open(file, mode="r", *args, **kwargs):
+        if os.fspath(file) != path or mode != "rb":
+            return real_open(file, mode, *args, **kwargs)
+        probes.append(ReadProbe(file))
+        return io.BufferedReader(probes[-1])
+
+    monkeypatch.setattr(layouts, "open", probed_open, raising=False)   # the one place input files are opened
+    (source,) = find_sources([path])
+    probes.clear()
+    reported, first, lags = 0, None, []
+    for doc, nbytes in read_documents(source, ReadOptions(), ReadCounts(), DocumentReader([])):
+        (probe,) = probes
+        reported += nbytes
+        lags.append(sum(probe.sizes) - reported)
+        if doc and first is None:
+            first = sum(probe.sizes)
+    assert len(lags) > 1000 and max(probe.sizes) <= size // 4, (size, max(probe.sizes))
+    assert first <= size // 4, (first, size)
+    assert 0 <= min(lags) and max(lags) <= size // 4 and reported == size == sum(probe.sizes)
+    if name == "multistream":   # a dump of many bz2 streams, which bz2 reads one after another
+        assert bz2.decompress(open(path, "rb").read()).startswith(b"<mediawiki")
 
 
 def test_hf_reads_arrow_files_and_local_data_files(corpus):
@@ -517,10 +583,10 @@ def test_a_save_to_disk_folder_is_read_from_its_own_files_only(corpus, tmp_path,
     assert stats["input_bytes"] == sum(map(os.path.getsize, data)) and stats["documents_kept"] == len(corpus.docs)
     args = prepare_data.build_parser().parse_args(["--input", corpus.paths["hf"], "--output_dir", str(tmp_path / "o"),
                                                    "--vocab_file", str(corpus.vocab)])
-    before = prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]]))
+    before = run_fingerprint(args, find_sources([corpus.paths["hf"]]))
     stamp = os.stat(data[0])
     os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))   # the data file changed: a resume sees it
-    assert prepare_data.run_fingerprint(args, corpora.find_sources([corpus.paths["hf"]])) != before
+    assert run_fingerprint(args, find_sources([corpus.paths["hf"]])) != before
     os.utime(data[0], ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
 
 

@@ -7,7 +7,12 @@ import h5py
 import numpy as np
 import pytest
 
-from tools import corpora, prepare_data
+from tools import prepare_data
+from tools.prep.filters import document_key
+from tools.prep.instances import create_instance_spans, truncation
+from tools.prep.journal import WORK_DIR
+from tools.prep.shards import ShardSet
+from tools.prep.tokens import WordCacheTokenizer
 from turing import heldout
 from turing.tokenization import build_fast_tokenizer, load_vocab
 
@@ -331,7 +336,7 @@ def test_the_held_out_documents_and_the_training_keys_are_written_beside_the_sha
     assert (record["train"]["documents"], record["validation"]["documents"]) == (54, 6)
     held = list(manifest.heldout_documents())
     assert [d["sentences"] for d in held] == [docs[d["document"]] for d in held] and len(held) == 6
-    keys = {corpora.document_key(doc) for doc in docs}
+    keys = {document_key(doc) for doc in docs}
     assert set(manifest.heldout_keys().tolist()) | set(manifest.train_keys().tolist()) == keys
     assert manifest.train_keys().tolist() == sorted(keys - set(manifest.heldout_keys().tolist()))
     tokenizer = build_fast_tokenizer(str(data.vocab))
@@ -347,7 +352,7 @@ def test_word_cache_tokenizer_equals_plain_encoding(data):
     tokenizer = build_fast_tokenizer(str(data.vocab))
     lines = ["The cat sat.", "Quickly\x0cjumping dogs,walked", "  park\u00a0house\u2028river ",
              "Café ŞÇHÖÖL über naïve", "日本 tree\x1fmill", "zebra zebra zebra xylophone.", "\u200b", "a"]
-    words = prepare_data.WordCacheTokenizer(tokenizer)
+    words = WordCacheTokenizer(tokenizer)
     words.WORDS_PER_TEXT = 3          # several texts per encode_batch call
     for batch in (lines, lines[::-1]):  # the second pass reads the cache
         ids, per_line = words.encode_lines(batch)
@@ -370,14 +375,14 @@ def test_truncation_matches_bert_truncate_seq_pair():
                     a -= 1
                 else:
                     b -= 1
-            assert prepare_data.truncation(len_a, len_b, 8) == (len_a - a, len_b - b)
+            assert truncation(len_a, len_b, 8) == (len_a - a, len_b - b)
             assert tuple(int(n) for n in truncate_pair(np.array(len_a), np.array(len_b), 8)) == (a, b)
 
 
 def test_instances_follow_bert_segment_rules():
     settings = types.SimpleNamespace(max_seq_length=13, short_seq_prob=0.0, dupe_factor=3)
     docs = [(0, [3, 4, 2, 5]), (14, [6]), (20, [2, 2, 2, 2, 2, 2])]
-    a_start, a_len, b_start, b_len, is_random = prepare_data.create_instance_spans(docs, settings, random.Random(3))
+    a_start, a_len, b_start, b_len, is_random = create_instance_spans(docs, settings, random.Random(3))
     assert (a_len >= 1).all() and (b_len >= 1).all() and (a_len + b_len <= 10).all()
     sentence_starts = {0, 3, 7, 9, 14, 20, 22, 24, 26, 28, 30}
     doc_of = lambda t: 0 if t < 14 else 1 if t < 20 else 2  # noqa: E731
@@ -510,17 +515,17 @@ def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
             raise RuntimeError("disk full")
         return original(self, arrays, group_sizes)
 
-    original = prepare_data.ShardSet.add
-    monkeypatch.setattr(prepare_data.ShardSet, "add", failing_add)
+    original = ShardSet.add
+    monkeypatch.setattr(ShardSet, "add", failing_add)
     out = tmp_path / "o"
     argv = ["--input", str(data.corpus), "--output_dir", str(out), "--vocab_file", str(data.vocab),
             "--max_seq_length", "64", "--chunk_size_mb", "0.004"]
     with pytest.raises(RuntimeError, match="disk full"):
         prepare_data.main(argv)
     # No shard, no vocab, no temporary folder: only the finished chunks, for the next run.
-    assert os.listdir(out) == [prepare_data.WORK_DIR]
-    assert os.listdir(out / prepare_data.WORK_DIR / "chunks")
-    monkeypatch.setattr(prepare_data.ShardSet, "add", original)
+    assert os.listdir(out) == [WORK_DIR]
+    assert os.listdir(out / WORK_DIR / "chunks")
+    monkeypatch.setattr(ShardSet, "add", original)
     assert prepare_data.main(argv) == 0
     fresh = tmp_path / "fresh"
     assert prepare_data.main([str(fresh) if a == str(out) else a for a in argv]) == 0

@@ -18,7 +18,13 @@ import pytest
 
 from tests.test_prepare_data import make_corpus, make_vocab
 from tools import prepare_data
+from tools.prep import vocab as prep_vocab
+from tools.prep.documents import DocumentReader
+from tools.prep.journal import WORK_DIR, Journal
+from tools.prep.layouts import ReadOptions, find_sources
+from tools.prep.workers import end_with_parent
 from turing import heldout
+from turing.signals import StopRequested, StopSignals
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +52,7 @@ def no_blank_lines(path, documents=40):
 def test_text_without_blank_lines_is_cut_into_pieces_and_warned_about(vocab, tmp_path, caplog):
     corpus, lines = no_blank_lines(tmp_path / "one.txt")
     cap = 4096
-    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=cap)
+    reader = DocumentReader([str(corpus)], max_document_bytes=cap)
     pieces = [doc for doc, _ in reader if doc]
     # Memory is bounded by the cap: no piece holds much more than cap bytes of text (a line more).
     longest_line = max(len(line) for doc in pieces for line in doc)
@@ -66,7 +72,7 @@ def test_text_without_blank_lines_is_cut_into_pieces_and_warned_about(vocab, tmp
 
 def test_documents_separated_by_blank_lines_are_not_warned_about(vocab, tmp_path, caplog):
     corpus = make_corpus(tmp_path / "c.txt", documents=20)
-    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=2**20)
+    reader = DocumentReader([str(corpus)], max_document_bytes=2**20)
     assert sum(1 for doc, _ in reader if doc) == 20 and reader.cut == 0 and reader.warnings() == []
 
 
@@ -161,9 +167,9 @@ def finish(proc, workers, timeout=30):
 def assert_only_finished_chunks_left(out):
     """What a stopped run leaves: at most its finished chunks (for the same command to continue
     from), never a shard, a vocab or the temporary folder."""
-    assert os.listdir(out) in ([], [prepare_data.WORK_DIR])
+    assert os.listdir(out) in ([], [WORK_DIR])
     if os.listdir(out):
-        work = out / prepare_data.WORK_DIR
+        work = out / WORK_DIR
         assert sorted(os.listdir(work)) == ["chunks", "lock", "run.json"]
         assert all(name.endswith(".npz") and ".tmp" not in name for name in os.listdir(work / "chunks"))
 
@@ -207,7 +213,7 @@ def test_a_sigkilled_run_takes_its_workers_along_and_the_same_command_finishes_i
     folder, _ = big_corpus
     out = tmp_path / "o"
     proc, workers = start_with_workers(vocab, folder, out)
-    chunks = out / prepare_data.WORK_DIR / "chunks"
+    chunks = out / WORK_DIR / "chunks"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and len(os.listdir(chunks) if chunks.exists() else []) < 4:
         time.sleep(0.01)
@@ -229,7 +235,7 @@ def test_a_sigkilled_run_takes_its_workers_along_and_the_same_command_finishes_i
     assert os.listdir(out / "train") == ["o_training_shard0.hdf5"]
     for name in ["train/o_training_shard0.hdf5", *heldout.manifest_names()]:   # and the record of the split
         assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
-    assert not (out / prepare_data.WORK_DIR).exists()
+    assert not (out / WORK_DIR).exists()
 
 
 def test_a_lock_whose_holder_is_gone_is_taken_over_with_one_warning(vocab, tmp_path, capsys, caplog):
@@ -241,7 +247,7 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_with_one_warning(vocab, tmp_p
     argv = ["--input", corpus, "--output_dir", out, "--vocab_file", vocab, "--max_seq_length", 64]
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    work = out / prepare_data.WORK_DIR
+    work = out / WORK_DIR
     work.mkdir(parents=True)
     (work / "lock").write_text(f"{os.getpid()} {socket.gethostname()}")
     with open(work / "lock") as holder:           # held on a descriptor of its own, as an orphan would
@@ -262,17 +268,49 @@ def test_a_stop_during_vocab_training_is_answered_at_once(tmp_path, monkeypatch)
         time.sleep(8)
         return 0
 
-    monkeypatch.setattr(prepare_data, "train_vocab", slow_train_vocab)
+    monkeypatch.setattr(prep_vocab, "train_vocab", slow_train_vocab)
     corpus = make_corpus(tmp_path / "corpus.txt", documents=20)
-    sources = prepare_data.corpora.find_sources([str(corpus)])
+    sources = find_sources([str(corpus)])
     journal = SimpleNamespace(vocab=str(tmp_path / "vocab.txt"), tmp=str(tmp_path))
     args = SimpleNamespace(vocab_sample_mb=100, chunk_size_mb=1, seed=0, workers=1, build_vocab=100, do_lower_case=True)
-    signals = prepare_data.StopSignals()
+    signals = StopSignals()
     threading.Timer(0.3, lambda: setattr(signals, "received", signal.SIGTERM)).start()
     started = time.time()
-    with pytest.raises(prepare_data.StopRequested):
-        prepare_data.build_vocab(args, sources, prepare_data.corpora.ReadOptions(), journal, signals)
+    with pytest.raises(StopRequested):
+        prep_vocab.build_vocab(args, sources, ReadOptions(), journal, signals)
     assert time.time() - started < 3 and not os.path.exists(journal.vocab)
+
+
+def _idle_worker(parent, ready):
+    end_with_parent(parent)    # what every worker process runs first, pool or not
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_worker_ends_on_sigterm_though_the_main_process_handles_it():
+    """--build_vocab's sample is split in a multiprocessing.Pool, forked after main() installed its stop
+    handlers, whose terminate() (when the pool closes) sends SIGTERM. Its workers once kept the
+    inherited handler, which only records a stop, so a worker that had not yet taken the pool's end
+    marker never ended and the run waited for it forever (a race: seen on a loaded machine)."""
+    import multiprocessing
+
+    signals = StopSignals()
+    signals.install()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        ready = ctx.Event()
+        worker = ctx.Process(target=_idle_worker, args=(os.getpid(), ready), daemon=True)
+        worker.start()
+        assert ready.wait(30)
+        worker.terminate()                  # SIGTERM, as Pool.terminate sends it
+        worker.join(10)
+        ended = worker.exitcode
+        if ended is None:
+            worker.kill()
+            worker.join()
+    finally:
+        signals.uninstall()
+    assert ended == -signal.SIGTERM and signals.received is None
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
@@ -298,7 +336,7 @@ def test_one_huge_line_is_warned_about_as_a_line_not_cut_into_pieces(tmp_path, c
     corpus = make_corpus(tmp_path / "c.txt", documents=3)
     with open(corpus, "a", encoding="utf-8") as f:
         f.write("\n" + " ".join(["word"] * 40_000) + "\n")
-    reader = prepare_data.DocumentReader([str(corpus)], max_document_bytes=4096)
+    reader = DocumentReader([str(corpus)], max_document_bytes=4096)
     with caplog.at_level("WARNING"):
         documents = [doc for doc, _ in reader if doc]
     assert len(documents) == 4 and reader.cut == 0 and "cut into pieces" not in caplog.text
@@ -333,9 +371,9 @@ def test_a_chunk_a_killed_worker_was_writing_is_removed(tmp_path):
     """A worker killed while writing a chunk (the main process's SIGKILL on an error, or the
     whole run killed) leaves its temporary file: the journal removes it, when the run ends and
     when the same command starts again, and never counts it as a finished chunk."""
-    journal = prepare_data.Journal(str(tmp_path))
+    journal = Journal(str(tmp_path))
     assert journal.open({"run": 1}, overwrite=False) == 0
-    chunks = tmp_path / prepare_data.WORK_DIR / "chunks"
+    chunks = tmp_path / WORK_DIR / "chunks"
     (chunks / "train_0000000.npz").write_bytes(b"finished")
     (chunks / "train_0000001.npz.tmp4242.npz").write_bytes(b"half written")
     assert journal.close(finished=False) == 1

@@ -105,7 +105,7 @@ from torch.utils.data import DataLoader
 from bert_dataset_provider import ValidationSettings
 from bing_bert_dataset_provider import BingBertDatasetProvider
 from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-from tools import corpora
+from tools.prep.documents import JSON_TOO_DEEP, not_text
 from turing.batch import Batch, collate_batch
 from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
 from turing.errors import InputError
@@ -337,7 +337,7 @@ def read_pairs(path):
         except json.JSONDecodeError as e:
             raise EvalError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})") from None
         except RecursionError:
-            raise EvalError(f"{path}:{number}: not JSON this reader takes ({corpora.JSON_TOO_DEEP})") from None
+            raise EvalError(f"{path}:{number}: not JSON this reader takes ({JSON_TOO_DEEP})") from None
         if not isinstance(record, dict):
             raise EvalError(f"{path}:{number}: expected a JSON object with {', '.join(PAIR_FIELDS)}")
         missing = [k for k in PAIR_FIELDS if k not in record]
@@ -345,7 +345,7 @@ def read_pairs(path):
             raise EvalError(f"{path}:{number}: no {', '.join(missing)} field (BLiMP layout: "
                             f"{', '.join(PAIR_FIELDS)})")
         for key in ("sentence_good", "sentence_bad"):
-            problem = corpora.not_text(record[key])
+            problem = not_text(record[key])
             if problem:
                 raise EvalError(f"{path}:{number}: {key} {problem}")
             if not record[key].strip():

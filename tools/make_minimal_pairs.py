@@ -49,7 +49,7 @@ from collections import Counter
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tools.prepare_data import recorded_split
+from tools.prep.filters import recorded_split
 from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger(__name__)

@@ -44,7 +44,8 @@ import tempfile
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from tools.prepare_data import DocumentReader, list_input_files, recorded_split
+from tools.prep.documents import DocumentReader, list_input_files
+from tools.prep.filters import recorded_split
 from turing.glue import PROBE_LABELS, TASKS
 from turing.outputs import earlier_output
 

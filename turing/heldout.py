@@ -18,8 +18,8 @@ for a shard folder):
 
 With --num_parts each part writes its own three files, named by its part (documents.part003.json,
 heldout.part003.jsonl, train_document_keys.part003.npy); a folder's record is all of them together.
-A document's key is tools.corpora.document_key: a 64-bit blake2b hash of its text, case-folded and
-with whitespace collapsed (so equal for the exact duplicates prepare_data keeps once).
+A document's key is tools/prep/filters.py's document_key: a 64-bit blake2b hash of its text,
+case-folded and with whitespace collapsed (so equal for the exact duplicates prepare_data keeps once).
 """
 import json
 import logging

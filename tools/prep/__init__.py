@@ -1,0 +1,35 @@
+"""The stages of tools/prepare_data.py, one module each, in the order data flows through them:
+
+    layouts     the input files and their layout; a file's bytes as a stream (decompressed)
+    documents   one streamed reader per layout: documents, input bytes consumed, what else was met
+    filters     which documents a run keeps (exact duplicates once, this part's) and which set each
+                goes to (the split), in chunks; the record of the split beside the shards
+    sentences   a document to its sentences: wikitext to text, the sentence splitter
+    vocab       --build_vocab's WordPiece training (on a bounded sample), the vocab's checks
+    tokens      sentences to token ids, each distinct word tokenized once
+    instances   BERT's sequence pairs cut from a chunk's tokens, as NVIDIA or Bing arrays
+    shards      the shard files: hdf5 and .npy writers, a set's sequences dealt over its shards
+    workers     a chunk's work (ChunkProcessor), the processes that do it, results in chunk order
+    journal     the finished chunks a stopped run leaves for the same command to continue from
+    summary     what a run counted: per set and in all, stats.json
+
+The main process reads, keeps and deals the documents into chunks (layouts, documents, filters);
+a worker turns a chunk into arrays (sentences, tokens, instances); the main process writes them
+in chunk order (shards) and records every chunk (journal). The command line, tools/prepare_data.py,
+runs them (`prepare`); nothing here imports it, and turing/ imports nothing here (the split's
+record is turing/heldout.py's format, which the trainer reads).
+"""
+
+TRAIN, VALIDATION = "train", "validation"     # the two sets, each a folder of OUT
+
+
+class CorpusError(ValueError):
+    """Input that cannot be read as its layout; the message names the file (and record or byte)."""
+
+
+class PrepareDataError(ValueError):
+    """Bad input or settings; the message names the file or flag and what was expected."""
+
+
+class InputNotFoundError(PrepareDataError, FileNotFoundError):
+    """An input path, or the vocab file, does not exist."""

@@ -1,0 +1,155 @@
+"""The vocab the shards are made with: --build_vocab's WordPiece training (on the text files
+themselves, or on a bounded, seeded sample of any layout, split in worker processes), and the
+check of a given or trained vocab.txt.
+
+The `tokenizers` WordPiece trainer breaks ties between equally frequent merges in hash order, so
+two trainings on the same text may differ in a few entries; the sample it trains on does not.
+"""
+import heapq
+import logging
+import os
+import random
+import threading
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from tools.prep import InputNotFoundError, PrepareDataError
+from tools.prep.documents import CorpusReader, document_size, first_non_utf8
+from tools.prep.layouts import compression
+from tools.prep.sentences import SPLITTER, SentenceSplitter, document_sentences
+from tools.prep.workers import end_with_parent, worker_context
+from turing.formats import BING_SEPARATOR
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids
+
+logger = logging.getLogger(__name__)
+
+
+def build_vocab(args, sources, options, journal, signals):
+    """Train the --build_vocab vocab (or reuse the one an unfinished run of this command trained):
+    on the text files themselves when they are small one-sentence-per-line text, else on a seeded
+    sample of --vocab_sample_mb of text from any layout (memory bounded by the sample). A stop
+    signal is answered while the trainer runs (it runs on a thread; Python's handlers only run
+    between the main thread's bytecodes, never inside the Rust trainer)."""
+    if os.path.isfile(journal.vocab):
+        logger.info("reusing the vocab the unfinished run trained (%s)", journal.vocab)
+        return journal.vocab
+    budget = int(args.vocab_sample_mb * 2**20)
+    plain = all(s.layout == "text" and not compression(s.path) for s in sources)
+    if plain and sum(s.size for s in sources) <= budget:
+        files = [s.path for s in sources]
+    else:
+        sample = os.path.join(journal.tmp, "vocab_sample.txt")
+        reader = CorpusReader(sources, options, max_document_bytes=int(args.chunk_size_mb * 2**20))
+        n, size = write_vocab_sample(reader, sample, budget, args.seed, args.workers, journal.descriptors())
+        logger.info("training the vocab on a sample of %d documents (%.1f MB of text)", n, size / 1e6)
+        files = [sample]
+    tmp = journal.vocab + ".tmp"
+    result = {}
+
+    def train():
+        try:
+            result["size"] = train_vocab(files, args.build_vocab, args.do_lower_case, tmp)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            result["error"] = e
+
+    trainer = threading.Thread(target=train, name="vocab-trainer", daemon=True)  # ends with the process
+    trainer.start()
+    while trainer.is_alive():
+        trainer.join(0.1)
+        signals.check()
+    if "error" in result:
+        raise result["error"]
+    size = result["size"]
+    os.replace(tmp, journal.vocab)
+    logger.info("trained a WordPiece vocab of %d entries", size)
+    return journal.vocab
+
+
+def train_vocab(files, vocab_size, do_lower_case, path):
+    """Train a BERT WordPiece vocab of about `vocab_size` entries on `files`; write it to `path`.
+
+    Special tokens come first ([PAD] = 0, [UNK] = 1, [CLS] = 2, [SEP] = 3, [MASK] = 4).
+    """
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    # BERT's normalisation: clean text, split CJK, lower-case and strip accents when asked.
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
+                                        continuing_subword_prefix="##", show_progress=False)
+    try:
+        tokenizer.train(files, trainer)
+    except Exception:  # the Rust trainer raises a bare Exception; name the file and line if it is the text
+        error = first_non_utf8(files)
+        if error is not None:
+            raise error from None
+        raise
+    tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for token, _ in tokens:
+            f.write(token + "\n")
+    return len(tokens)
+
+
+def sample_documents(documents, budget, seed):
+    """A seeded sample of about `budget` characters of text from a stream of documents, in input
+    order, uniform over documents, holding at most the budget (plus a document) at any time: the
+    documents of the smallest random keys that fit (a bounded heap), whatever the corpus size."""
+    rng = random.Random(seed)
+    heap, total = [], 0                # (-key, index, document): the largest key on top
+    for index, (doc, _) in enumerate(documents):
+        if not doc:
+            continue
+        key = rng.random()
+        if total >= budget and heap and key >= -heap[0][0]:
+            continue
+        heapq.heappush(heap, (-key, index, doc))
+        total += document_size(doc)
+        while total > budget and len(heap) > 1:
+            total -= document_size(heapq.heappop(heap)[2])
+    return [doc for _, _, doc in sorted(heap, key=lambda entry: entry[1])]
+
+
+def _sentences_of(documents, splitter=SPLITTER):
+    split = SentenceSplitter(splitter)
+    return ["\n".join(document_sentences(doc, split)) for doc in documents]
+
+
+def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
+    """Write the sample `train_vocab` reads for a large or non-text corpus, one sentence per line:
+    documents sampled by `sample_documents`, markup removed and split in `workers` processes
+    (which close the descriptors `inherited` and end with this process: end_with_parent)."""
+    sample = sample_documents(reader, budget, seed)
+    batches = [sample[i:i + 64] for i in range(0, len(sample), 64)]
+    with open(path, "w", encoding="utf-8") as f:
+        if workers > 1 and len(batches) > 1:
+            ctx, inherited = worker_context(inherited)
+            with ctx.Pool(workers, end_with_parent, (os.getpid(), inherited)) as pool:
+                for texts in pool.imap(_sentences_of, batches):
+                    f.writelines(t + "\n\n" for t in texts if t)
+        else:
+            for batch in batches:
+                f.writelines(t + "\n\n" for t in _sentences_of(batch) if t)
+    return len(sample), sum(map(document_size, sample))
+
+
+def check_vocab(vocab_file, fmt, bing_layout):
+    """Load and check a vocab.txt; returns (token -> id dict, special ids)."""
+    if not os.path.isfile(vocab_file):
+        raise InputNotFoundError(f"--vocab_file {vocab_file}: no such file")
+    try:
+        vocab = load_vocab(vocab_file)
+    except UnicodeDecodeError as e:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: not utf-8 text ({e})") from None
+    try:
+        special = special_token_ids(vocab)
+    except ValueError as e:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: {e}") from None
+    if fmt == "bing" and bing_layout == "separator":
+        bad = [t for t in vocab if chr(BING_SEPARATOR) in t]
+        if bad:
+            raise PrepareDataError(f"--vocab_file {vocab_file}: token {bad[0]!r} holds the separator "
+                                   "byte 0x1f; use --bing_layout offsets")
+    if len(vocab) < len(SPECIAL_TOKENS) + 1:
+        raise PrepareDataError(f"--vocab_file {vocab_file}: only {len(vocab)} entries")
+    return vocab, special

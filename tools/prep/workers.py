@@ -1,0 +1,363 @@
+"""A chunk's work and the processes that do it: ChunkProcessor turns a chunk of documents into
+the arrays of its sequences (sentences, tokens, instances) and records it in the journal
+(save_chunk; load_chunk rebuilds it), WorkerPool runs it in --workers processes that end with the
+main process however it ends, and ordered_results gives the results back in chunk order, with
+progress."""
+import collections
+import ctypes
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it lazily: load it once here, not in every worker)
+from tqdm import tqdm
+
+from tools.prep import TRAIN, PrepareDataError
+from tools.prep.instances import VocabBytes, bing_arrays, create_instance_spans, nvidia_arrays
+from tools.prep.sentences import SPLITTER, SentenceSplitter, document_sentences
+from tools.prep.summary import SetStats
+from tools.prep.tokens import WordCacheTokenizer
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 30                 # a plain progress line this often when stderr is not a terminal
+PARENT_POLL_SECONDS = 1               # a worker checks this often that the main process still runs
+PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>: a signal the kernel sends when the parent ends
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a worker needs to turn a chunk of documents into arrays (picklable)."""
+    fmt: str
+    bing_layout: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    masked_lm_prob: float
+    validation_masked_lm_prob: float
+    short_seq_prob: float
+    dupe_factor: int
+    seed: int
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    unk_id: int
+    min_document_words: int = 0
+    splitter: str = SPLITTER
+
+
+class ChunkProcessor:
+    """Turns one chunk of documents into the arrays of its sequences (runs in a worker)."""
+
+    def __init__(self, settings, tokenizer, tokens_by_id):
+        self.settings = settings
+        self.words = WordCacheTokenizer(tokenizer)
+        self.vocab_bytes = VocabBytes(tokens_by_id) if settings.fmt == "bing" else None
+        self.splitter = SentenceSplitter(settings.splitter)
+
+    def run(self, kind, *task):
+        """A task of the pipeline: ("chunk", set name, chunk index, documents, shards, journal
+        path) processes a chunk and records it in the journal; ("rebuild", set name, path) makes
+        the same result again from a recorded chunk."""
+        return self.rebuild(*task) if kind == "rebuild" else self(*task)
+
+    def rebuild(self, set_name, path):
+        """The result of a chunk recorded by `save_chunk`: its arrays made again from its token
+        ids and sequence spans (the costly part, markup to tokens to pairs, is not redone)."""
+        stats, token_ids, spans, group_sizes, np_rng = load_chunk(path)
+        return stats, (None if spans is None else self._arrays(set_name, token_ids, spans, np_rng)), group_sizes
+
+    def _arrays(self, set_name, token_ids, spans, np_rng):
+        s = self.settings
+        if s.fmt == "nvidia":
+            # The validation set keeps its own (the original's 15%) rate, so runs whose training
+            # data is masked differently still validate on the same task.
+            masking = s if set_name == TRAIN else replace(s, masked_lm_prob=s.validation_masked_lm_prob)
+            return nvidia_arrays(token_ids, spans, masking, np_rng)
+        return bing_arrays(token_ids, spans, s, self.vocab_bytes)
+
+    def sentences(self, documents):
+        """The documents as lists of sentences, those under --min_document_words left out."""
+        documents = [document_sentences(doc, self.splitter) for doc in documents]
+        least = self.settings.min_document_words
+        if not least:
+            return documents, 0
+        kept = [doc for doc in documents if sum(len(line.split()) for line in doc) >= least]
+        return kept, len(documents) - len(kept)
+
+    def __call__(self, set_name, chunk_index, documents, num_shards, path=None):
+        """(stats, arrays or None, sequences per shard group) of a chunk; recorded at `path` if given."""
+        s = self.settings
+        documents, too_short = self.sentences(documents)
+        lines = [line for doc in documents for line in doc]
+        token_ids, per_line = self.words.encode_lines(lines)
+        stats = SetStats(unk_tokens=int(np.count_nonzero(token_ids == s.unk_id)),
+                         tokens=len(token_ids), too_short=too_short)
+        # Documents as (first token, sentence lengths); sentences without tokens are dropped.
+        docs, line, start = [], 0, 0
+        for doc in documents:
+            lens = per_line[line:line + len(doc)]
+            line += len(doc)
+            kept = lens[lens > 0].tolist()
+            if kept:
+                docs.append((start, kept))
+                stats.documents += 1
+                stats.sentences += len(kept)
+            start += int(lens.sum())
+        # Every (seed, set, chunk) has its own random streams, whichever worker runs it.
+        seq = np.random.SeedSequence([s.seed, 0 if set_name == TRAIN else 1, chunk_index])
+        py_seed, np_seed = seq.spawn(2)
+        py_rng = random.Random(int.from_bytes(py_seed.generate_state(4).tobytes(), "little"))
+        np_rng = np.random.default_rng(np_seed)
+        if not docs:
+            if path:
+                save_chunk(path, stats, token_ids, None, [], np_rng)
+            return stats, None, []
+        spans = create_instance_spans(docs, s, py_rng)
+        n = len(spans[0])
+        # BERT shuffles its instances; then group them by shard (see ShardSet.add).
+        residue = np.arange(n) % num_shards
+        perm = np_rng.permutation(n)[np.argsort(residue, kind="stable")]
+        spans = tuple(x[perm] for x in spans)
+        stats.sequences = n
+        group_sizes = np.bincount(residue, minlength=num_shards).tolist()
+        if path:
+            save_chunk(path, stats, token_ids, spans, group_sizes, np_rng)
+        return stats, self._arrays(set_name, token_ids, spans, np_rng), group_sizes
+
+
+def save_chunk(path, stats, token_ids, spans, group_sizes, np_rng):
+    """Record a chunk in the resume journal: its counts, token ids, sequence spans and the state
+    of the generator that masks them, about the size of its text (the arrays would be ~10x).
+    Written under another name and renamed into place, so a file there is complete."""
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    counts = np.array([getattr(stats, k) for k in SetStats.COUNTS], dtype=np.int64)
+    rng_state = np.frombuffer(json.dumps(np_rng.bit_generator.state).encode(), dtype=np.uint8)
+    extra = {} if spans is None else dict(zip(("a_start", "a_len", "b_start", "b_len"),
+                                              (x.astype(np.int32) for x in spans[:4])), is_random=spans[4])
+    np.savez(tmp, counts=counts, group_sizes=np.array(group_sizes, dtype=np.int64), tokens=token_ids,
+             rng=rng_state, **extra)
+    os.replace(tmp, path)
+
+
+def load_chunk(path):
+    """(SetStats, token ids, spans or None, group sizes, masking generator) of a recorded chunk."""
+    with np.load(path) as f:
+        stats = SetStats(**dict(zip(SetStats.COUNTS, f["counts"].tolist())))
+        spans = None
+        if "a_start" in f.files:
+            spans = tuple(f[k].astype(np.int64) for k in ("a_start", "a_len", "b_start", "b_len")) + (f["is_random"],)
+        np_rng = np.random.default_rng()
+        np_rng.bit_generator.state = json.loads(f["rng"].tobytes())
+        return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
+
+
+def worker_context(inherited):
+    """(context, descriptors a worker closes): forked workers where the platform can (they inherit
+    the set-up: no re-import, and the descriptors `inherited`), else spawned ones (which inherit no
+    descriptor, so they close none)."""
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if fork else "spawn"), tuple(inherited) if fork else ()
+
+
+def end_with_parent(parent, inherited=()):
+    """In a worker process (forked): let go of the descriptors `inherited` that only the main
+    process may hold (the journal's lock: a worker holding it keeps the lock after the main process
+    is gone), leave SIGINT/SIGTERM to the main process, and end when the main process `parent`
+    ends, however it ends (SIGKILL too): the kernel's parent-death signal on Linux, and everywhere
+    a thread that sees the parent change (an orphan is adopted by another process)."""
+    for fd in inherited:
+        os.close(fd)
+    # A forked worker inherits the main process's handler, which only records a stop: a pool's
+    # terminate() (SIGTERM) would then never end it, and the pool would wait for it forever. The
+    # main process stops the workers and removes its temporary folder.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent):
+    while os.getppid() == parent:   # checked first at once: the parent may have ended before the prctl
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _worker_main(tasks, results, settings, tokenizer, tokens_by_id, parent, inherited):
+    """A pool worker: runs the tasks from `tasks` (a queue; None ends; see ChunkProcessor.run) and
+    sends their results on `results` (a pipe), in order, as (True, result) or (False, exception);
+    it ends with the main process `parent` (see end_with_parent)."""
+    end_with_parent(parent, inherited)
+    processor = ChunkProcessor(settings, tokenizer, tokens_by_id)
+    for task in iter(tasks.get, None):
+        try:
+            outcome = (True, processor.run(*task))
+        except Exception as e:  # noqa: BLE001 - re-raised in the main process
+            outcome = (False, e)
+        results.send(outcome)
+
+
+class WorkerPool:
+    """--workers processes, each holding a ChunkProcessor (forked where possible: no re-import).
+
+    Chunk k goes to worker k mod N, and each worker answers on a pipe of its own, so the
+    results come back in order. The pipe's only writer is its worker: a worker that dies (the
+    out-of-memory killer, a signal), even in the middle of sending, is seen at once and the
+    wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
+    waits for its lost task forever. The other way round, the workers end with the main process
+    (end_with_parent): a SIGKILLed run leaves none behind.
+    """
+
+    def __init__(self, workers, settings, tokenizer, tokens_by_id, inherited=()):
+        """`inherited`: descriptors of the main process that a worker closes (the journal's lock)."""
+        ctx, inherited = worker_context(inherited)
+        # The workers are the parallelism: each one's tokenizer stays single-threaded (this also
+        # keeps `tokenizers` quiet about forking after the vocab trainer used its thread pool).
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        self.workers = []            # (process, task queue, result pipe)
+        try:
+            for _ in range(workers):
+                tasks = ctx.Queue()
+                results, results_end = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_worker_main, daemon=True,
+                                      args=(tasks, results_end, settings, tokenizer, tokens_by_id, os.getpid(),
+                                            inherited))
+                process.start()
+                results_end.close()  # the worker holds the only writing end
+                self.workers.append((process, tasks, results))
+        finally:
+            if saved is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+        self.submitted = 0
+        self.received = 0
+
+    def submit(self, *task):
+        """Queue the next chunk (never blocks: the queue has a feeder thread)."""
+        self.workers[self.submitted % len(self.workers)][1].put(task)
+        self.submitted += 1
+
+    def next_result(self, check_stop):
+        """The result of the oldest chunk not yet returned; `check_stop()` runs every 0.2 s."""
+        _, _, results = self.workers[self.received % len(self.workers)]
+        sentinels = [p.sentinel for p, _, _ in self.workers]
+        while True:
+            check_stop()
+            ready = multiprocessing.connection.wait([results] + sentinels, timeout=0.2)
+            if results in ready:
+                try:
+                    ok, value = results.recv()
+                except (EOFError, OSError):   # the worker died while sending
+                    raise PrepareDataError(self._how_workers_ended()) from None
+                break
+            if ready:
+                raise PrepareDataError(self._how_workers_ended())
+        self.received += 1
+        if not ok:
+            raise value
+        return value
+
+    def _how_workers_ended(self):
+        ended = []
+        dead = multiprocessing.connection.wait([p.sentinel for p, _, _ in self.workers], timeout=1)
+        for p, _, _ in self.workers:
+            if p.sentinel in dead:
+                p.join()
+                ended.append(f"worker process {p.pid} " + (f"killed by {signal.Signals(-p.exitcode).name}"
+                                                         if p.exitcode < 0 else f"exit code {p.exitcode}"))
+        return (f"--workers: {', '.join(ended) or 'a worker process ended'} while preparing the shards "
+                "(SIGKILL is what the out-of-memory killer sends: lower --workers or --chunk_size_mb); "
+                "no shard was written (the finished chunks are kept: the same command continues from them)")
+
+    def close(self):
+        """Let the workers finish and exit (after the last result)."""
+        for _, tasks, _ in self.workers:
+            tasks.put(None)
+        self._release()
+
+    def terminate(self):
+        """Stop the workers now (an error or a signal in the main process). SIGKILL: they write
+        nothing, and one forked a moment ago may still have this process's SIGTERM handler."""
+        for process, tasks, _ in self.workers:
+            process.kill()
+            tasks.cancel_join_thread()   # what is still queued for a dead worker is dropped
+        self._release()
+
+    def _release(self):
+        for process, tasks, results in self.workers:
+            process.join()
+            tasks.close()
+            results.close()
+
+
+def ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
+    """Process chunks in order: yields (set name, result, input bytes, reused), with a progress
+    bar on a terminal and a plain progress line every PROGRESS_SECONDS otherwise.
+
+    Each chunk is recorded in the journal at its path; one recorded by an unfinished run is
+    rebuilt from there (reused) instead. With a pool, at most 2 chunks per worker are in flight,
+    so memory stays bounded. `check_stop()` runs before each chunk and while waiting for a worker
+    (it raises to stop).
+    """
+    in_flight = collections.deque()
+    sequences = 0
+    progress = _ProgressLines(total_bytes)
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,
+              leave=False) as bar:
+        def emit(name, result, nbytes, reused):
+            nonlocal sequences
+            sequences += result[0].sequences
+            bar.update(nbytes)
+            bar.set_postfix(sequences=sequences, refresh=False)
+            if bar.disable:
+                progress.update(nbytes, sequences)
+            return name, result, nbytes, reused
+
+        for *task, nbytes in chunks:
+            name, path = task[0], task[-1]
+            check_stop()
+            reused = os.path.exists(path)
+            task = ("rebuild", name, path) if reused else ("chunk", *task)
+            if pool is None:
+                yield emit(name, processor.run(*task), nbytes, reused)
+                continue
+            pool.submit(*task)
+            in_flight.append((name, nbytes, reused))
+            if len(in_flight) >= 2 * workers:
+                n, b, r = in_flight.popleft()
+                yield emit(n, pool.next_result(check_stop), b, r)
+        while in_flight:
+            n, b, r = in_flight.popleft()
+            yield emit(n, pool.next_result(check_stop), b, r)
+
+
+class _ProgressLines:
+    """Progress as log lines (for a log file, where a bar would be noise): input read, speed, ETA."""
+
+    def __init__(self, total_bytes):
+        self.total, self.done = total_bytes, 0
+        self.start = self.last = time.perf_counter()
+
+    def update(self, nbytes, sequences):
+        self.done += nbytes
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_SECONDS:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 and self.total >= self.done else float("nan")
+        logger.info("progress: %.1f of %.1f MB of input (%.0f%%), %.2f MB/s, %d sequences, about %.0f s left",
+                    self.done / 1e6, self.total / 1e6, 100 * self.done / max(self.total, 1), rate / 1e6,
+                    sequences, left)
