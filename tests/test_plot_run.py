@@ -2,6 +2,7 @@
 shared with tests/test_export_hf.py), several runs on one figure, and the errors."""
 import importlib.util
 import os
+import sys
 import shutil
 import struct
 
@@ -79,8 +80,8 @@ def test_ema_is_debiased_and_follows_the_data():
     assert plot_run.ema([1.0, 2.0], 0.0) == [1.0, 2.0]
 
 
-@needs_matplotlib
 def test_missing_events_and_bad_smoothing_are_one_line_errors(tiny_run, tmp_path, capsys):  # noqa: F811
+    """(Read before anything is drawn: the same lines without matplotlib.)"""
     empty = tmp_path / "empty_run"
     empty.mkdir()
     assert plot_run.main([tiny_run["runs"], str(empty), "--output", str(tmp_path / "x.png")]) == 2
@@ -121,3 +122,11 @@ def test_accuracy_is_drawn_in_percent_as_the_text_says_it(tmp_path, monkeypatch,
                 drawn.setdefault(ax.get_title(), []).append((ax.get_ylabel(), list(ax.get_lines()[0].get_ydata())))
     assert drawn["Validation accuracy"] == [("accuracy (%)", [25.0, 50.0])] * 2
     assert drawn[plot_run.MINUTES_PANEL] == [("MLM accuracy (%)", [25.0, 50.0])]
+
+
+def test_without_matplotlib_the_events_are_read_and_drawing_is_one_line(tiny_run, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # as if not installed
+    assert plot_run.main([str(tmp_path / "absent"), "--output", str(tmp_path / "x.png")]) == 2
+    assert "run folder not found" in capsys.readouterr().err
+    assert plot_run.main([tiny_run["runs"], "--output", str(tmp_path / "x.png")]) == 2
+    assert "error: drawing needs matplotlib (pip install matplotlib)" in capsys.readouterr().err

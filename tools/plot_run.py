@@ -107,13 +107,16 @@ def plot_runs(run_dirs, output, smooth=0.9):
     """Draw the figure into `output` (PNG); returns {panel title: [line labels drawn]}."""
     if not 0.0 <= smooth < 1.0:
         raise PlotError(f"--smooth must be in [0, 1), got {smooth}")
-    import matplotlib  # optional: only for drawing (the events are read without it)
+    runs = load_runs(run_dirs)  # a missing or empty run folder is one line, with or without matplotlib
+    try:
+        import matplotlib  # optional: only for drawing (the events are read without it)
+    except ImportError:
+        raise PlotError("drawing needs matplotlib (pip install matplotlib); the runs' events were read") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    runs = load_runs(run_dirs)
     panels = []
     for title, ylabel, smoothed, alternatives in PANELS:
         if title == MINUTES_PANEL and len(runs) == 1:
