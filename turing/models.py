@@ -1,7 +1,8 @@
 """`BertMultiTask`: the model as the training script holds it, and the architectures it can be.
 
 Owns: `ARCHITECTURES` (the job config's `bert_model_config.architecture` -> its config class and
-pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "modernbert",
+pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "bert_postln",
+`turing.postln.BertForPreTrainingPostLN`, Hugging Face's post-LN BertModel; "modernbert",
 `turing.modern.ModernForPreTraining`), `model_config_from_dict` and `pretraining_model`, which
 every tool builds through; building the model from the job config's `bert_model_config` and the
 vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
@@ -19,6 +20,7 @@ from turing.checkpoint import read_state_dict_file
 from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.modern import ModernConfig, ModernForPreTraining
+from turing.postln import BertForPreTrainingPostLN, PostLNConfig
 from turing.job_config import bert_model_config_of
 from turing.speedups import apply_speedups
 from turing.tokenization import load_vocab, vocab_rows, vocab_size
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 # is one line here (its config's `from_dict`, its model's `forward(batch, **kwargs)` and `predict`).
 ARCHITECTURES = {
     "bert": (BertConfig, BertForPreTrainingPreLN),
+    "bert_postln": (PostLNConfig, BertForPreTrainingPostLN),
     "modernbert": (ModernConfig, ModernForPreTraining),
 }
 
