@@ -1,9 +1,9 @@
 """`BertMultiTask`: the model as the training script holds it, and the architectures it can be.
 
 Owns: `ARCHITECTURES` (the job config's `bert_model_config.architecture` -> its config class and
-pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "bert_postln",
-`turing.postln.BertForPreTrainingPostLN`, Hugging Face's post-LN BertModel; "modernbert",
-`turing.modern.ModernForPreTraining`), `model_config_from_dict` and `pretraining_model`, which
+pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "modernbert",
+`turing.modern.ModernForPreTraining`; "bert_postln", `turing.postln.BertForPreTrainingPostLN`,
+Hugging Face's post-LN BertModel), `model_config_from_dict` and `pretraining_model`, which
 every tool builds through; building the model from the job config's `bert_model_config` and the
 vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
 says), the device the batches go to, and plain state-dict save/load of the network.
@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 # is one line here (its config's `from_dict`, its model's `forward(batch, **kwargs)` and `predict`).
 ARCHITECTURES = {
     "bert": (BertConfig, BertForPreTrainingPreLN),
-    "bert_postln": (PostLNConfig, BertForPreTrainingPostLN),
     "modernbert": (ModernConfig, ModernForPreTraining),
+    "bert_postln": (PostLNConfig, BertForPreTrainingPostLN),
 }
 
 
