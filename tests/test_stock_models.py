@@ -17,13 +17,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from tests.launch import TINY_CFG, ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
+from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from turing.batch import Batch  # noqa: E402
 from turing.errors import InputValueError  # noqa: E402
-from turing.flops import bert_training_flops  # noqa: E402
 from turing.hf_convert import PADDED_ROW_BIAS  # noqa: E402
 from turing.modeling import BertForPreTrainingPreLN, ModelOptions  # noqa: E402
 from turing.models import model_config_from_dict, pretraining_model  # noqa: E402
@@ -46,14 +44,6 @@ VOCAB_REAL, VOCAB_ROWS = 99, 104
 KINDS = ("bert_mlm", "bert_pretraining", "roberta", "modernbert")
 ARCHITECTURE = {"bert_mlm": "bert_postln", "bert_pretraining": "bert_postln", "roberta": "bert",
                 "modernbert": "modernbert"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def hf_config(kind, dropout=0.0, **overrides):
@@ -296,20 +286,6 @@ def test_postln_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads(
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
 
 
-def test_postln_flops_equal_torchs_counter():
-    config = small_postln()
-    model = BertForPreTrainingPostLN(config)
-    batch_size, length, predictions = 2, 24, 5
-    ids = torch.randint(5, 99, (batch_size, length))
-    labels = torch.full_like(ids, -1)
-    labels[:, 1:1 + predictions] = ids[:, 1:1 + predictions]
-    zeros = torch.zeros(batch_size, dtype=torch.long)
-    batch = Batch(zeros, ids, torch.ones_like(ids), torch.zeros_like(ids), zeros, labels)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(batch).backward()  # NSP on: the count's pooler and NSP head
-    assert counter.get_total_flops() == batch_size * bert_training_flops(config, length, predictions)
-
-
 def test_postln_is_built_with_the_speedups_and_bert_stays_the_default():
     model = pretraining_model(small_postln(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     kinds = {type(m) for m in model.modules()}
@@ -409,17 +385,9 @@ def test_resume_from_the_interval_checkpoint_is_bit_for_bit(stock_run, data_root
     assert train_losses(tmp_path / "out") == whole[2:]
 
 
-def write_sst2(folder, n=16):
-    """An SST-2-layout task of the synthetic words (labels: is the first word w1)."""
-    folder.mkdir(parents=True)
-    for split in ("train", "dev"):
-        lines = [f"w{1 + i % 2} w5 w6 w{7 + i}\t{int(i % 2 == 0)}" for i in range(n)]
-        (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(lines) + "\n")
-
-
 @needs_transformers
 def test_trained_checkpoint_exports_to_its_stock_class_and_fine_tunes(stock_run, tmp_path):
-    from tools import export_hf, finetune_glue
+    from tools import export_hf
 
     kind, export = stock_run["kind"], tmp_path / "hf"
     assert export_hf.main(["--checkpoint_dir", str(stock_run["ckpt"]), "--output_dir", str(export)]) == 0
@@ -428,13 +396,7 @@ def test_trained_checkpoint_exports_to_its_stock_class_and_fine_tunes(stock_run,
     assert config["vocab_size"] == VOCAB_REAL and "auto_map" not in config
     trained = open_trained(str(export))
     assert trained.architecture == ARCHITECTURE[kind] and trained.config.vocab_size == VOCAB_ROWS
-    write_sst2(tmp_path / "SST-2")
-    out = tmp_path / "glue"
-    assert finetune_glue.main(["--model", str(export), "--task", "sst2", "--data_dir", str(tmp_path / "SST-2"),
-                               "--output_dir", str(out), "--seeds", "1", "--epochs", "1", "--max_seq_length", "16",
-                               "--batch_size", "16", "--lr", "1e-3", "--log_level", "warning"]) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["task"] == "sst2" and 0.0 <= results["score"] <= 1.0
+    fine_tune_one_epoch(export, tmp_path)  # one step, its score the dev predictions' accuracy
 
 
 @needs_transformers

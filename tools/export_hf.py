@@ -180,17 +180,31 @@ def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_lengt
         tokenizer.backend_tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
 
 
-README = """# {name}: pre-LN BERT exported for Hugging Face transformers
+def _readme_head(model):
+    return f"""# {{name}}: {model} exported for Hugging Face transformers
 
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
+Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{{checkpoint}}`.
 
 ```python
 from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{folder}")
-model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
+tokenizer = AutoTokenizer.from_pretrained("{{folder}}")
+model = AutoModelForMaskedLM.from_pretrained("{{folder}}")   # {{architecture}}
 ```
 
-Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
+"""
+
+
+# the lines of "What differs" that more than one architecture's README has
+_VOCAB_ROWS = """- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
+  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
+"""
+_NO_BERT_HEADS = """- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
+  a masked-LM model has neither. Fine-tuning heads start fresh.
+"""
+_FLOAT32 = "- Weights are stored in float32 whatever the training precision was.\n"
+_WORDPIECE = "- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.\n"
+
+README = _readme_head("pre-LN BERT") + """Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
 LayerNorm and tied MLM head as the Bing BERT model; the MLM scores at every real (non-pad)
 position equal ours (checked when exported: max difference {diff}).
 
@@ -199,29 +213,13 @@ What differs from the training checkpoint:
   ours shifted by {shift} rows (zero rows in front) and `max_position_embeddings` is
   {hf_positions} = {positions} + {shift}. Sequences must be padded at the end (as BERT inputs
   are); a token after a pad gets a different position than in our model.
-- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
-  a masked-LM model has neither. Fine-tuning heads start fresh.
-- Weights are stored in float32 whatever the training precision was.
-- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.
-  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
+""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE + """  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
   (e.g. punctuation added in recent Unicode versions) it can split differently from
   `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
 """
 
 
-MODERN_README = """# {name}: ModernBERT-style encoder exported for Hugging Face transformers
-
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
-
-```python
-from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{folder}")
-model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
-```
-
-Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
+MODERN_README = _readme_head("ModernBERT-style encoder") + """Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
 blocks as our modernbert model (rotary embeddings, GeGLU, {layers} layers of which {full} use full
 attention and {sliding} a sliding window of +-{window} tokens), final norm and tied MLM head; the
 MLM scores at every real (non-pad) position equal ours (checked when exported on sequences
@@ -229,38 +227,19 @@ longer than the window: max difference {diff}).
 
 What differs from the training checkpoint:
 - Names only: our `bert.` is `model.`, `cls.head.` is `head.`, `cls.decoder.` is `decoder.`.
-- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-- Weights are stored in float32 whatever the training precision was.
-- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
+""" + _VOCAB_ROWS + _FLOAT32 + """- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
   no token type ids (ModernBERT has no token type embeddings). `transformers`' BertTokenizer uses
   the Rust normaliser's Unicode tables; on rare characters it can split differently from
   `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
 """
 
 
-POSTLN_README = """# {name}: post-LN BERT exported for Hugging Face transformers
-
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
-
-```python
-from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{folder}")
-model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
-```
-
-Architecture: BERT (`transformers`' own BertForMaskedLM, no remote code), the post-LayerNorm block
+POSTLN_README = _readme_head("post-LN BERT") + """Architecture: BERT (`transformers`' own BertForMaskedLM, no remote code), the post-LayerNorm block
 our bert_postln model computes (a stock BERT imported and trained on here); the MLM scores at every
 real (non-pad) position equal ours (checked when exported: max difference {diff}).
 
 What differs from the training checkpoint:
-- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
-  a masked-LM model has neither. Fine-tuning heads start fresh.
-- Weights are stored in float32 whatever the training precision was.
-- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.
-"""
+""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE
 
 
 def hf_model_of(state_dict, config, vocab_real, ids):
