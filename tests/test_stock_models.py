@@ -4,9 +4,10 @@ the test, or a byte-level BPE tokenizer.json trained on the spot) of the classes
 BertForMaskedLM and BertForPreTraining (the bert_postln block, turing/postln.py),
 RobertaPreLayerNormForMaskedLM (our pre-LN block) and ModernBertForMaskedLM. Each is opened by
 turing.pretrained, exported back without training with the stock model's logits, trained a few
-steps by the real program with a job config that names only the folder (its first step's MLM loss
-is transformers' on that batch), resumed from an interval checkpoint bit for bit, exported and
-fine-tuned a step; what we do not compute is one error line. Nothing is downloaded."""
+steps by the real program with a job config that names only the folder (without dropout, its first
+step's loss is transformers' on that batch; with dropout, a run resumed from an interval checkpoint
+repeats the uninterrupted one bit for bit), exported and fine-tuned a step; what we do not compute
+is one error line. Nothing is downloaded."""
 import json
 import os
 from types import SimpleNamespace
@@ -118,6 +119,13 @@ def folders(data_root, tmp_path_factory):
     """Each kind's stock folder without dropout (so a training step is transformers' forward)."""
     root = tmp_path_factory.mktemp("stock")
     return {kind: stock_folder(kind, root / kind, data_root / "vocab.txt") for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def dropout_folders(data_root, tmp_path_factory):
+    """Each kind's stock folder with every dropout at 0.1 (so a resume must restore the RNG states)."""
+    root = tmp_path_factory.mktemp("stock_dropout")
+    return {kind: stock_folder(kind, root / kind, data_root / "vocab.txt", dropout=0.1) for kind in KINDS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,26 +347,23 @@ MODEL_CLASSES = {"bert_mlm": BertForPreTrainingPostLN, "bert_pretraining": BertF
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def stock_run(request, folders, data_root, tmp_path_factory):
-    """4 steps (one epoch of the NVIDIA shards) from the kind's folder, a checkpoint every 2 steps;
-    the first training batch the model saw and its loss."""
+def first_step(request, folders, data_root, tmp_path_factory):
+    """One step from the kind's folder without dropout: the batch the model saw and its loss."""
     kind = request.param
-    root = tmp_path_factory.mktemp(f"run_{kind}")
-    cf, ds, out = stock_job(root, folders[kind]), ds_config(root / "ds"), root / "out"
+    root = tmp_path_factory.mktemp(f"first_{kind}")
     recording, seen = record_first_batch(MODEL_CLASSES[kind])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(MODEL_CLASSES[kind], "forward", recording)
-        state = train_in_process(data_root, out, ds, "--use_pretrain", "--max_steps", 4, "--checkpoint_every_steps", 2,
-                                 cf=cf)
-    assert state.global_step == 4 and len(seen) == 1
-    return {"kind": kind, "cf": cf, "ds": ds, "out": out, "ckpt": out / "saved_models" / JOB, "first": seen[0]}
+        train_in_process(data_root, root / "out", ds_config(root / "ds"), "--use_pretrain", "--max_steps", 1,
+                         cf=stock_job(root, folders[kind]))
+    assert len(seen) == 1
+    return {"kind": kind, "out": root / "out", "batch": seen[0][0], "loss": seen[0][1]}
 
 
 @needs_transformers
-def test_first_step_loss_is_transformers_loss_on_that_batch(stock_run, folders):
-    kind = stock_run["kind"]
-    batch, loss = stock_run["first"]
-    _, ids, mask, segments, nsp_labels, labels = batch
+def test_first_step_loss_is_transformers_loss_on_that_batch(first_step, folders):
+    kind, loss = first_step["kind"], first_step["loss"]
+    _, ids, mask, segments, nsp_labels, labels = first_step["batch"]
     stock = stock_model(folders[kind], kind)
     with torch.no_grad():
         logits, nsp = hf_logits(stock, kind, ids, mask, segments)
@@ -369,10 +374,21 @@ def test_first_step_loss_is_transformers_loss_on_that_batch(stock_run, folders):
     print(f"\n{kind}: first-step loss {loss:.7f}, transformers' {expected.item():.7f}, "
           f"difference {abs(loss - expected.item()):.3g}")
     assert abs(loss - expected.item()) <= 1e-5 * max(1.0, expected.item())
-    assert train_losses(stock_run["out"])[0] == pytest.approx(loss, abs=1e-6)
-    job_config = json.loads((stock_run["ckpt"] / "step2" / "job_config.json").read_text())
-    assert job_config["bert_model_config"]["architecture"] == ARCHITECTURE[kind]  # filled from config.json
-    assert job_config["bert_token_file"] == str(folders[kind] / "vocab.txt")
+    assert train_losses(first_step["out"]) == [pytest.approx(loss, abs=1e-6)]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def stock_run(request, dropout_folders, data_root, tmp_path_factory):
+    """4 steps (one epoch of the NVIDIA shards) from the kind's folder with dropout, a checkpoint
+    every 2 steps."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"run_{kind}")
+    cf, ds, out = stock_job(root, dropout_folders[kind]), ds_config(root / "ds"), root / "out"
+    state = train_in_process(data_root, out, ds, "--use_pretrain", "--max_steps", 4, "--checkpoint_every_steps", 2,
+                             cf=cf)
+    assert state.global_step == 4
+    return {"kind": kind, "folder": dropout_folders[kind], "cf": cf, "ds": ds, "out": out,
+            "ckpt": out / "saved_models" / JOB}
 
 
 @needs_transformers
@@ -383,6 +399,9 @@ def test_resume_from_the_interval_checkpoint_is_bit_for_bit(stock_run, data_root
                      "--load_training_checkpoint", stock_run["ckpt"], "--load_checkpoint_id", "step2",
                      cf=stock_run["cf"])
     assert train_losses(tmp_path / "out") == whole[2:]
+    job_config = json.loads((stock_run["ckpt"] / "step2" / "job_config.json").read_text())
+    assert job_config["bert_model_config"]["architecture"] == ARCHITECTURE[stock_run["kind"]]  # from config.json
+    assert job_config["bert_token_file"] == str(stock_run["folder"] / "vocab.txt")
 
 
 @needs_transformers
