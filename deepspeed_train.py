@@ -49,7 +49,7 @@ from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of,
                              transformer_kernel_settings)
 from turing.models import BertMultiTask
 from turing.optim_groups import NO_DECAY_NAMES, decay_groups  # noqa: F401 (NO_DECAY_NAMES: importable from here too)
-from turing.pretrained import load_into, read_weights
+from turing.pretrained import check_job_settings, load_into, locate, read_weights
 from turing.reporting import Reporter, write_metrics
 from turing.run_config import RunConfig, RunState, complete_arguments, pld_setting
 from turing.signals import StopSignals
@@ -326,15 +326,18 @@ def prepare_optimizer_parameters(args, model):
 def load_pretrained_weights(cfg, network):
     """--use_pretrain: start from `bert_model_file` (as given, else under --data_path_prefix), which
     is a state dict with the original's key names (.pt/.bin), a checkpoint folder of ours (its
-    `latest` tag, or a tag folder), or a Hugging Face folder written by tools/export_hf.py: opened
-    as every reader opens a trained model (turing.pretrained: weights-only, finite, shapes checked,
-    only the pooler and the NSP head may be missing)."""
+    `latest` tag, or a tag folder), or a Hugging Face folder (an export of ours or a stock model,
+    whose config.json and vocab.txt the job config's own must be): opened as every reader opens a
+    trained model (turing.pretrained: weights-only, finite, shapes checked, only the pooler and the
+    NSP head may be missing)."""
     name = cfg.job.bert_model_file
-    path = next((p for p in (name, os.path.join(cfg.data_path_prefix, name)) if name and os.path.exists(p)), None)
+    path = locate(name, cfg.data_path_prefix)
     if path is None:
         raise InputError(f"{cfg.config_file}: bert_model_file '{name}' not found (--use_pretrain); expected "
-                         f"a state dict file, a checkpoint folder of this project or a Hugging Face export")
-    load_into(network, read_weights(path), path)
+                         f"a state dict file, a checkpoint folder of this project or a Hugging Face folder")
+    state_dict = read_weights(path)
+    check_job_settings(path, cfg.job.bert_model_config, cfg.vocab_file, cfg.next_sentence_prediction, cfg.config_file)
+    load_into(network, state_dict, path)
     logger.info("Started from pretrained weights %s", path)
 
 

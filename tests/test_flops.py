@@ -7,15 +7,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from turing.batch import Batch
 from turing.flops import bert_training_flops, peak_tflops, table_peak_tflops
-from turing.modeling import BertConfig, BertForPreTrainingPreLN
+from turing.models import ARCHITECTURES, model_config_from_dict
 
 
-def config(hidden, layers, intermediate, vocab, heads=2):
-    return BertConfig.from_dict({"vocab_size_or_config_json_file": vocab, "hidden_size": hidden,
-                                 "num_hidden_layers": layers, "num_attention_heads": heads,
-                                 "intermediate_size": intermediate, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
-                                 "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 64,
-                                 "type_vocab_size": 2, "initializer_range": 0.02})
+def config(hidden, layers, intermediate, vocab, heads=2, architecture="bert"):
+    return model_config_from_dict({"architecture": architecture, "vocab_size_or_config_json_file": vocab,
+                                   "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                                   "intermediate_size": intermediate, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+                                   "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 64,
+                                   "type_vocab_size": 2, "initializer_range": 0.02})
 
 
 def test_hand_count_of_a_tiny_config():
@@ -26,9 +26,10 @@ def test_hand_count_of_a_tiny_config():
     assert bert_training_flops(config(4, 1, 8, 10), seq_length=3, predictions=2) == 3 * 1184
 
 
-def test_the_count_equals_torchs_flop_counter_on_a_training_step():
-    cfg = config(64, 2, 256, 96)
-    model = BertForPreTrainingPreLN(cfg)
+@pytest.mark.parametrize("architecture", ["bert", "bert_postln"])  # the post-LN block: the same matmuls
+def test_the_count_equals_torchs_flop_counter_on_a_training_step(architecture):
+    cfg = config(64, 2, 256, 96, architecture=architecture)
+    model = ARCHITECTURES[architecture][1](cfg)
     batch_size, length, predictions = 4, 32, 5
     ids = torch.randint(5, 96, (batch_size, length))
     labels = torch.full((batch_size, length), -1)

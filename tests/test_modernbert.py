@@ -357,6 +357,24 @@ def write_sst2(folder, n_train=16, n_dev=8):
         (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(lines) + "\n")
 
 
+def fine_tune_one_epoch(model, tmp_path):
+    """tools/finetune_glue.py on `model` (any --model): one seed, one epoch of write_sst2's 16
+    examples (one step); its results.json, whose SST-2 score is checked to be the dev accuracy of
+    the predictions written beside it."""
+    write_sst2(tmp_path / "SST-2")
+    out = tmp_path / "glue"
+    assert finetune_glue.main(["--model", str(model), "--task", "sst2", "--data_dir", str(tmp_path / "SST-2"),
+                               "--output_dir", str(out), "--seeds", "1", "--epochs", "1", "--max_seq_length", "16",
+                               "--batch_size", "16", "--lr", "1e-3", "--log_level", "warning"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == "sst2" and len(results["seeds"]) == 1
+    gold, predictions = ([line.split("\t")[1] for line in path.read_text().splitlines()[1:]]
+                         for path in (tmp_path / "SST-2" / "dev.tsv", out / "dev_predictions.tsv"))
+    assert len(predictions) == len(gold) == 8
+    assert results["score"] == sum(p == g for p, g in zip(predictions, gold)) / len(gold)
+    return results
+
+
 @needs_transformers
 @pytest.mark.parametrize("source", ["checkpoint", "export"])
 def test_finetune_glue_fine_tunes_a_step(source, modern_run, tmp_path):
@@ -365,18 +383,7 @@ def test_finetune_glue_fine_tunes_a_step(source, modern_run, tmp_path):
         model = tmp_path / "hf"
         assert export_hf.main(["--checkpoint_dir", str(modern_run["ckpt"]), "--output_dir", str(model),
                                "--no_verify"]) == 0
-    write_sst2(tmp_path / "SST-2")
-    out = tmp_path / "glue"
-    assert finetune_glue.main(["--model", str(model), "--task", "sst2", "--data_dir", str(tmp_path / "SST-2"),
-                               "--output_dir", str(out), "--seeds", "1", "--epochs", "1", "--max_seq_length", "16",
-                               "--batch_size", "16", "--lr", "1e-3", "--log_level", "warning"]) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["task"] == "sst2" and len(results["seeds"]) == 1
-    # SST-2's score is the dev accuracy of the predictions written beside it
-    gold, predictions = ([line.split("\t")[1] for line in path.read_text().splitlines()[1:]]
-                         for path in (tmp_path / "SST-2" / "dev.tsv", out / "dev_predictions.tsv"))
-    assert len(predictions) == len(gold) == 8
-    assert results["score"] == sum(p == g for p, g in zip(predictions, gold)) / len(gold)
+    fine_tune_one_epoch(model, tmp_path)
 
 
 @pytest.mark.parametrize("name, sizes", [("modernbert_base", (22, 768, 1152, 12)),

@@ -170,7 +170,7 @@ def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
     set_seeds(seed)
     model = source.build(random_init=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
+    tokenizer = BertTokenizer(source.require_vocab_file(), source.do_lower_case)
     try:
         special = special_token_ids(tokenizer.vocab)
     except ValueError as e:

@@ -4,8 +4,9 @@
         --output_dir hf_model [--cf bert_config.json]
 
 The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormForMaskedLM`
-(our pre-LN BERT, mapped by `turing.hf_convert`), or of a `ModernBertForMaskedLM` for a
-checkpoint of the modernbert architecture (`turing/modern.py`), the tokenizer files (`vocab.txt`,
+(our pre-LN BERT, mapped by `turing.hf_convert`), of a `BertForMaskedLM` for a checkpoint of the
+bert_postln architecture (`turing/postln.py`: a stock BERT trained on), or of a
+`ModernBertForMaskedLM` for one of the modernbert architecture (`turing/modern.py`), the tokenizer files (`vocab.txt`,
 `tokenizer_config.json`, `special_tokens_map.json`) and a README saying what was dropped.
 It loads offline with `transformers`' own classes:
 
@@ -35,7 +36,8 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
 
 def build_parser():
     parser = argparse.ArgumentParser(description="Export a DeepSpeed checkpoint of ours as a Hugging Face "
-                                                 "RoBERTa-PreLayerNorm masked-LM folder (offline).")
+                                                 "masked-LM folder (RoBERTa-PreLayerNorm, BERT or ModernBERT, "
+                                                 "as its architecture; offline).")
     parser.add_argument("--checkpoint_dir", required=True,
                         help="OUT/saved_models/JOB (or one of its tag folders)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. epoch2_step60 (default: the 'latest' file)")
@@ -60,8 +62,9 @@ if __name__ == "__main__":  # --help and a bad flag are answered here, before th
 import torch
 
 from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
-from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, ConversionError,
-                               modern_to_hf, ours_to_hf)
+from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, OPTIONAL_KEYS,
+                               POSTLN_HF_ARCHITECTURE, POSTLN_MISSING_KEYS, ConversionError, modern_to_hf, ours_to_hf,
+                               postln_to_hf)
 from turing.jsonfile import read_json
 from turing.models import pretraining_model
 from turing.outputs import earlier_output
@@ -72,7 +75,8 @@ logger = logging.getLogger(__name__)
 
 VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
 # the token embedding's key in our state dict, by architecture
-EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "modernbert": "bert.embeddings.tok_embeddings.weight"}
+EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "bert_postln": "bert.embeddings.word_embeddings.weight",
+                  "modernbert": "bert.embeddings.tok_embeddings.weight"}
 
 
 class ExportError(ValueError):
@@ -89,7 +93,7 @@ def model_config(job_config, state_dict, source):
     config = model_config_of(job_config, source)
     word = state_dict.get(EMBEDDING_KEYS[config.architecture])
     pos = state_dict.get("bert.embeddings.position_embeddings.weight")
-    if word is None or (pos is None and config.architecture == "bert"):
+    if word is None or (pos is None and config.architecture != "modernbert"):
         raise ExportError(f"{source}: the checkpoint has no embedding tables (not a checkpoint of ours of "
                           f"architecture {config.architecture})")
     # The training script overrides the config's vocab size with the vocab file's (padded).
@@ -115,9 +119,9 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     # the pooler, which no optimizer group holds, is not in a gathered ZeRO stage 3 checkpoint;
     # the export leaves it out anyway, and the MLM scores compared here do not use it
     missing, unexpected = ours.load_state_dict(state_dict, strict=False)
-    if unexpected or set(missing) - set(HF_MISSING_KEYS):
+    if unexpected or set(missing) - set(OPTIONAL_KEYS):
         raise ConversionError(f"the checkpoint's weights do not fit the model: missing "
-                              f"{sorted(set(missing) - set(HF_MISSING_KEYS))[:4]}, unexpected {unexpected[:4]}")
+                              f"{sorted(set(missing) - set(OPTIONAL_KEYS))[:4]}, unexpected {unexpected[:4]}")
     ours.eval()
     hf_model.eval()
     g = torch.Generator().manual_seed(seed)
@@ -176,17 +180,31 @@ def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_lengt
         tokenizer.backend_tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
 
 
-README = """# {name}: pre-LN BERT exported for Hugging Face transformers
+def _readme_head(model):
+    return f"""# {{name}}: {model} exported for Hugging Face transformers
 
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
+Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{{checkpoint}}`.
 
 ```python
 from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{folder}")
-model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
+tokenizer = AutoTokenizer.from_pretrained("{{folder}}")
+model = AutoModelForMaskedLM.from_pretrained("{{folder}}")   # {{architecture}}
 ```
 
-Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
+"""
+
+
+# the lines of "What differs" that more than one architecture's README has
+_VOCAB_ROWS = """- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
+  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
+"""
+_NO_BERT_HEADS = """- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
+  a masked-LM model has neither. Fine-tuning heads start fresh.
+"""
+_FLOAT32 = "- Weights are stored in float32 whatever the training precision was.\n"
+_WORDPIECE = "- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.\n"
+
+README = _readme_head("pre-LN BERT") + """Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
 LayerNorm and tied MLM head as the Bing BERT model; the MLM scores at every real (non-pad)
 position equal ours (checked when exported: max difference {diff}).
 
@@ -195,29 +213,13 @@ What differs from the training checkpoint:
   ours shifted by {shift} rows (zero rows in front) and `max_position_embeddings` is
   {hf_positions} = {positions} + {shift}. Sequences must be padded at the end (as BERT inputs
   are); a token after a pad gets a different position than in our model.
-- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
-  a masked-LM model has neither. Fine-tuning heads start fresh.
-- Weights are stored in float32 whatever the training precision was.
-- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.
-  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
+""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE + """  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
   (e.g. punctuation added in recent Unicode versions) it can split differently from
   `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
 """
 
 
-MODERN_README = """# {name}: ModernBERT-style encoder exported for Hugging Face transformers
-
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{checkpoint}`.
-
-```python
-from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{folder}")
-model = AutoModelForMaskedLM.from_pretrained("{folder}")   # {architecture}
-```
-
-Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
+MODERN_README = _readme_head("ModernBERT-style encoder") + """Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
 blocks as our modernbert model (rotary embeddings, GeGLU, {layers} layers of which {full} use full
 attention and {sliding} a sliding window of +-{window} tokens), final norm and tied MLM head; the
 MLM scores at every real (non-pad) position equal ours (checked when exported on sequences
@@ -225,14 +227,19 @@ longer than the window: max difference {diff}).
 
 What differs from the training checkpoint:
 - Names only: our `bert.` is `model.`, `cls.head.` is `head.`, `cls.decoder.` is `decoder.`.
-- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-- Weights are stored in float32 whatever the training precision was.
-- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
+""" + _VOCAB_ROWS + _FLOAT32 + """- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
   no token type ids (ModernBERT has no token type embeddings). `transformers`' BertTokenizer uses
   the Rust normaliser's Unicode tables; on rare characters it can split differently from
   `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
 """
+
+
+POSTLN_README = _readme_head("post-LN BERT") + """Architecture: BERT (`transformers`' own BertForMaskedLM, no remote code), the post-LayerNorm block
+our bert_postln model computes (a stock BERT imported and trained on here); the MLM scores at every
+real (non-pad) position equal ours (checked when exported: max difference {diff}).
+
+What differs from the training checkpoint:
+""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE
 
 
 def hf_model_of(state_dict, config, vocab_real, ids):
@@ -245,6 +252,10 @@ def hf_model_of(state_dict, config, vocab_real, ids):
                                            cls_token_id=ids["cls"], sep_token_id=ids["sep"])
         name, dropped = MODERN_HF_ARCHITECTURE, ()
         model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config))
+    elif config.architecture == "bert_postln":
+        hf_state, hf_config = postln_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"])
+        name, dropped = POSTLN_HF_ARCHITECTURE, POSTLN_MISSING_KEYS
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**hf_config))
     else:
         hf_state, hf_config = ours_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
                                          bos_token_id=ids["cls"], eos_token_id=ids["sep"])
@@ -261,6 +272,8 @@ def readme_text(config, name, tag_dir, output_dir, architecture, diff, vocab_rea
     common = dict(name=name, checkpoint=tag_dir, folder=output_dir, architecture=architecture,
                   diff="skipped" if diff is None else f"{diff:.2g}", vocab_real=vocab_real,
                   vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size, lower=do_lower_case)
+    if config.architecture == "bert_postln":
+        return POSTLN_README.format(**common)
     if config.architecture == "modernbert":
         full = config.layer_types.count("full_attention")
         return MODERN_README.format(layers=config.num_hidden_layers, full=full,
@@ -288,7 +301,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     is read weights-only; `trust` (--trust_checkpoint): with the full unpickler."""
     try:
         # optional, slow to import; hf_model_of builds them
-        from transformers import ModernBertForMaskedLM, RobertaPreLayerNormForMaskedLM  # noqa: F401
+        from transformers import BertForMaskedLM, ModernBertForMaskedLM, RobertaPreLayerNormForMaskedLM  # noqa: F401
     except ImportError as e:
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
     present = check_output_dir(output_dir, overwrite)

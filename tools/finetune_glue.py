@@ -593,7 +593,7 @@ def finetune(args):
     if args.max_seq_length > source.config.max_position_embeddings:
         raise GlueError(f"--max_seq_length {args.max_seq_length}: the model has only "
                         f"{source.config.max_position_embeddings} positions")
-    tokenizer = BertTokenizer(source.vocab_file, source.do_lower_case)
+    tokenizer = BertTokenizer(source.require_vocab_file(), source.do_lower_case)
     # Every file and the weights are read and checked before the first task trains.
     data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
     if len(args.lr) > 1:

@@ -14,7 +14,8 @@ intermediate size i, n layers, vocab V and p predicted (masked) tokens per seque
     training = 3 x forward       (the backward pass computes the gradients of the activations
                                  and of the weights: two matmuls for every forward one)
 
-so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h].
+so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h]. The bert_postln block
+(turing/postln.py) has the same matmuls (its LayerNorms sit elsewhere), so the same count.
 
 The modernbert block (turing/modern.py) differs in three places:
 - feed-forward: GeGLU, Wi (h -> 2i) then Wo (i -> h): three h x i matmuls, 2 x 2 s h (2i) +
@@ -62,8 +63,8 @@ def attended_pairs(seq_length, window_half):
 
 def bert_training_flops(config, seq_length, predictions):
     """FLOPs of training on one sequence (forward + backward; see the module docstring).
-    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), or
-    the modernbert architecture's ModernConfig."""
+    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), the
+    bert_postln architecture's PostLNConfig (the same count), or the modernbert one's ModernConfig."""
     if getattr(config, "architecture", "bert") == "modernbert":
         return modern_training_flops(config, seq_length, predictions)
     s, h, i, n, v, p = (seq_length, config.hidden_size, config.intermediate_size, config.num_hidden_layers,

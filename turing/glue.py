@@ -11,7 +11,7 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
   `_truncate_seq_pair`, padded per batch;
 - `compute_metrics` / `task_score` / `majority_baseline`: the official metrics through
   scikit-learn and scipy; `collapse`: whether a run's predictions are all one class;
-- `BertForSequenceClassification`: our pre-LN encoder, the pooler, dropout and a linear
+- `BertForSequenceClassification`: our pre-LN (or post-LN) encoder, the pooler, dropout and a linear
   classification (or, with one output, regression) head; the original BingBertGlue model's
   module tree, so its state-dict keys are `bert.*` and `classifier.*`;
   `ModernForSequenceClassification` the same on the modernbert encoder (a fresh prediction head
@@ -327,7 +327,8 @@ def majority_baseline(task, train_labels, dev_labels):
 
 
 class BertForSequenceClassification(nn.Module):
-    """`bert` (our `BertModel`: embeddings, pre-LN encoder, pooler) + dropout + a linear head
+    """`bert` (our `BertModel`: embeddings, pre-LN encoder, pooler; or the bert_postln
+    architecture's `PostLNModel`, as transformers' BertForSequenceClassification) + dropout + a linear head
     on the pooled [CLS] output; one output = regression (MSE), more = classes (cross-entropy).
     The head starts as the original's did: normal(0, initializer_range) weights, zero bias."""
 
@@ -336,7 +337,7 @@ class BertForSequenceClassification(nn.Module):
         self.num_labels = num_labels
         self.bert = bert
         self.dropout = nn.Dropout(dropout_prob)
-        self.classifier = nn.Linear(bert.pooler.dense_act.in_features, num_labels)
+        self.classifier = nn.Linear(bert.embeddings.word_embeddings.embedding_dim, num_labels)
         nn.init.normal_(self.classifier.weight, 0.0, initializer_range)
         nn.init.zeros_(self.classifier.bias)
 
@@ -390,8 +391,8 @@ class ModernForSequenceClassification(BertForSequenceClassification):
 
 def sequence_classifier(pretraining, config, num_labels):
     """The fine-tuning model on `pretraining.bert` (the encoder of a pretraining model of
-    `config`'s architecture): BERT's pooler + head (dropout hidden_dropout_prob), or the
-    modernbert classifier."""
+    `config`'s architecture): BERT's pooler + head (dropout hidden_dropout_prob; the pre-LN and
+    the post-LN block alike), or the modernbert classifier."""
     if config.architecture == "modernbert":
         return apply_speedups(ModernForSequenceClassification(pretraining.bert, num_labels, config))
     return apply_speedups(BertForSequenceClassification(pretraining.bert, num_labels, config.hidden_dropout_prob,

@@ -1,14 +1,19 @@
 """Weights between our models and Hugging Face's: our pre-LN BERT and RoBERTa-PreLayerNorm, our
-modernbert architecture and ModernBERT; and reading an exported folder.
+bert_postln architecture and BERT (BertForMaskedLM, BertForPreTraining), our modernbert
+architecture and ModernBERT; and reading a Hugging Face folder, an export of ours or a stock one
+(`save_pretrained`'s layout, safetensors only: a pickle is never read).
 
 Owns the key and tensor mapping (no CLI; `tools/export_hf.py` and `--use_pretrain` call it):
 - `ours_to_hf(state_dict, config, vocab_size_real)` -> (state dict of
   `RobertaPreLayerNormForMaskedLM`, its `config.json` dict);
 - `hf_to_ours(hf_state_dict, hf_config)` -> (our state dict, `BertConfig`), the reverse;
+- `postln_to_hf` / `hf_to_postln`: the same between `turing.postln.BertForPreTrainingPostLN` and
+  `BertForMaskedLM` (import also from `BertForPreTraining`, with its pooler and NSP head);
 - `modern_to_hf` / `hf_to_modern`: the same between `turing.modern.ModernForPreTraining` and
   `ModernBertForMaskedLM` (below);
-- `load_hf_folder(folder)` doing the reverse for an exported folder of either kind
-  (`is_hf_folder` recognises one);
+- `load_hf_folder(folder)` doing the reverse for a folder of any of the three, as its config.json's
+  model_type says (`is_hf_folder` recognises a folder with one; `hf_folder_config` reads only its
+  config and the names in its weights files);
 (the transformer kernel's layer layout is `turing.kernel_layout`'s, reading checkpoint folders
 `turing.checkpoint`'s).
 
@@ -42,8 +47,9 @@ import torch
 from turing.checkpoint import check_finite
 from turing.errors import CheckpointNotFoundError, ConversionError
 from turing.jsonfile import read_json
-from turing.modeling import LAYER_NORM_EPS, BertConfig, BertConfigError
+from turing.modeling import _ACTIVATIONS, LAYER_NORM_EPS, BertConfig, BertConfigError
 from turing.modern import FULL, SLIDING, ModernConfig
+from turing.postln import PostLNConfig
 from turing.tokenization import vocab_size_padded
 
 logger = logging.getLogger(__name__)
@@ -106,6 +112,49 @@ def _check_keys(have, expected, optional, what):
     if missing or unexpected:
         raise ConversionError(f"{what}: keys do not match (missing: {_short(missing) or 'none'}; "
                               f"unexpected: {_short(unexpected) or 'none'})")
+
+
+def check_encoder_config(cfg, classes):
+    """Refuse a Hugging Face config our blocks do not compute, naming what differs: a class other
+    than `classes` (the masked-LM ones we import), a decoder or cross-attention, positions other
+    than learned absolute ones."""
+    listed = cfg.get("architectures") or []
+    if listed and not set(listed) & set(classes):
+        raise ConversionError(f"Hugging Face config: architectures {listed}; the {cfg.get('model_type')} classes "
+                              f"imported are {', '.join(classes)} (a model with its masked-LM head)")
+    for key in ("is_decoder", "add_cross_attention"):
+        if cfg.get(key):
+            raise ConversionError(f"Hugging Face config: {key} is true; our models are bidirectional encoders "
+                                  "without cross-attention")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ConversionError("Hugging Face config: position_embedding_type must be 'absolute', "
+                              f"got {cfg['position_embedding_type']!r}")
+
+
+def _with_vocab_padding(word, bias):
+    """(word embedding, MLM bias) of `vocab_real` rows -> padded to a multiple of 8: zero embedding
+    rows and an MLM bias of PADDED_ROW_BIAS, so the padding takes no probability mass."""
+    padded = vocab_size_padded(word.shape[0])
+    return (torch.cat([word, word.new_zeros((padded - word.shape[0], word.shape[1]))]),
+            torch.cat([bias, bias.new_full((padded - bias.shape[0],), PADDED_ROW_BIAS)]))
+
+
+def _vocab_rows_of(state_dict, keys, config, vocab_size_real, pad_token_id):
+    """The first `vocab_size_real` rows of our word embedding and MLM bias (the rest are padding)
+    for an export; `keys`: our (embedding, tied decoder, bias) keys. The embedding's shape is
+    checked against `config`, the decoder must be tied, the pad id inside the vocab."""
+    word_key, decoder_key, bias_key = keys
+    word = state_dict[word_key]
+    if tuple(word.shape) != (config.vocab_size, config.hidden_size):
+        raise ConversionError(f"{word_key} has shape {tuple(word.shape)}, config expects "
+                              f"({config.vocab_size}, {config.hidden_size})")
+    if not 0 < vocab_size_real <= word.shape[0]:
+        raise ConversionError(f"vocab size {vocab_size_real} does not fit the {word.shape[0]} embedding rows")
+    if decoder_key in state_dict and not torch.equal(state_dict[decoder_key], word):
+        raise ConversionError(f"{decoder_key} differs from {word_key}: the export needs the tied decoder")
+    if not 0 <= pad_token_id < vocab_size_real:
+        raise ConversionError(f"pad_token_id {pad_token_id} is outside the vocab (size {vocab_size_real})")
+    return word[:vocab_size_real].clone(), state_dict[bias_key][:vocab_size_real].clone()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,16 +253,9 @@ def _config_dict(hf_config):
                           f"got {type(hf_config).__name__}")
 
 
-def hf_to_ours(hf_state_dict, hf_config):
-    """Map RobertaPreLayerNormForMaskedLM weights (as exported by `ours_to_hf`) back to ours.
-
-    hf_config: the config.json dict, its path (or folder), or a PretrainedConfig.
-    Returns (state_dict, BertConfig): the original's keys without `HF_MISSING_KEYS` (pooler and NSP
-    head, left to the model's initialisation); the vocab padded to a multiple of 8 with zero
-    embedding rows and MLM bias PADDED_ROW_BIAS; the position table shifted back. Tensors keep
-    their dtype.
-    """
-    cfg = _config_dict(hf_config)
+def _prelayernorm_config_from_hf(cfg):
+    """Our BertConfig (vocab_size: the padded rows) of a RobertaPreLayerNormConfig dict; what our
+    block does not compute is refused, naming it."""
     model_type = cfg.get("model_type")
     if model_type != HF_MODEL_TYPE:
         raise ConversionError(f"Hugging Face config: model_type {model_type!r}, expected {HF_MODEL_TYPE!r} "
@@ -225,22 +267,47 @@ def hf_to_ours(hf_state_dict, hf_config):
     eps = cfg.get("layer_norm_eps", LAYER_NORM_EPS)
     if abs(eps - LAYER_NORM_EPS) > 1e-15:
         raise ConversionError(f"Hugging Face config: layer_norm_eps {eps} differs from our model's {LAYER_NORM_EPS}")
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ConversionError("Hugging Face config: position_embedding_type must be 'absolute', "
-                              f"got {cfg['position_embedding_type']!r}")
+    check_encoder_config(cfg, (HF_ARCHITECTURE,))
     if cfg.get("hidden_act", "gelu") != "gelu":
         raise ConversionError(f"Hugging Face config: hidden_act {cfg['hidden_act']!r}; only 'gelu' maps onto our model")
     pad = cfg["pad_token_id"]
-    shift = pad + 1
-    if cfg["max_position_embeddings"] <= shift:
+    if cfg["max_position_embeddings"] <= pad + 1:
         raise ConversionError(f"Hugging Face config: max_position_embeddings {cfg['max_position_embeddings']} "
                               f"leaves no positions after the padding index {pad}")
+    try:
+        return BertConfig(
+            vocab_size_padded(cfg["vocab_size"]),
+            hidden_size=cfg["hidden_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"],
+            hidden_act="gelu",
+            hidden_dropout_prob=cfg.get("hidden_dropout_prob", 0.1),
+            attention_probs_dropout_prob=cfg.get("attention_probs_dropout_prob", 0.1),
+            max_position_embeddings=cfg["max_position_embeddings"] - (pad + 1),
+            type_vocab_size=cfg.get("type_vocab_size", 2),
+            initializer_range=cfg.get("initializer_range", 0.02),
+        )
+    except BertConfigError as e:
+        raise ConversionError(f"Hugging Face config: {e}") from None
 
+
+def hf_to_ours(hf_state_dict, hf_config):
+    """Map RobertaPreLayerNormForMaskedLM weights (as exported by `ours_to_hf`, or a stock one
+    with our block's settings) back to ours.
+
+    hf_config: the config.json dict, its path (or folder), or a PretrainedConfig.
+    Returns (state_dict, BertConfig): the original's keys without `HF_MISSING_KEYS` (pooler and NSP
+    head, left to the model's initialisation); the vocab padded to a multiple of 8 with zero
+    embedding rows and MLM bias PADDED_ROW_BIAS; the position table shifted back. Tensors keep
+    their dtype.
+    """
+    cfg = _config_dict(hf_config)
+    config = _prelayernorm_config_from_hf(cfg)
     sd = dict(hf_state_dict)
     if not any(k.startswith(HF_BASE) for k in sd) and any(k.startswith("embeddings.") for k in sd):
         sd = {HF_BASE + k: v for k, v in sd.items()}  # saved from the bare RobertaPreLayerNormModel
-    num_layers = cfg["num_hidden_layers"]
-    pairs = _key_pairs(num_layers)
+    pairs = _key_pairs(config.num_hidden_layers)
     expected = [h for _, h in pairs] + [_HF_WORD, _HF_POS, "lm_head.bias"]
     optional = ["lm_head.decoder.weight", "lm_head.decoder.bias", HF_BASE + "pooler.dense.weight",
                 HF_BASE + "pooler.dense.bias", HF_BASE + "embeddings.position_ids"]
@@ -252,27 +319,130 @@ def hf_to_ours(hf_state_dict, hf_config):
         raise ConversionError(f"{_HF_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
     if "lm_head.decoder.weight" in sd and not torch.equal(sd["lm_head.decoder.weight"], word):
         raise ConversionError("lm_head.decoder.weight differs from the word embeddings: our MLM decoder is tied")
-    padded = vocab_size_padded(vocab_real)
     ours = {o: sd[h].clone() for o, h in pairs}
-    ours[_WORD] = torch.cat([word, word.new_zeros((padded - vocab_real, word.shape[1]))])
+    ours[_WORD], ours[_BIAS] = _with_vocab_padding(word, sd["lm_head.bias"])
     ours[_DECODER] = ours[_WORD]  # tied
-    bias = sd["lm_head.bias"]
-    ours[_BIAS] = torch.cat([bias, bias.new_full((padded - vocab_real,), PADDED_ROW_BIAS)])
-    ours[_POS] = sd[_HF_POS][shift:].clone()
+    ours[_POS] = sd[_HF_POS][cfg["pad_token_id"] + 1:].clone()
+    return ours, config
 
-    config = BertConfig(
-        padded,
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=num_layers,
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act="gelu",
-        hidden_dropout_prob=cfg.get("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=cfg.get("attention_probs_dropout_prob", 0.1),
-        max_position_embeddings=cfg["max_position_embeddings"] - shift,
-        type_vocab_size=cfg.get("type_vocab_size", 2),
-        initializer_range=cfg.get("initializer_range", 0.02),
-    )
+
+# ---------------------------------------------------------------------------------------------
+# The bert_postln architecture <-> BertForMaskedLM (and BertForPreTraining)
+#
+# Our parameter names are transformers' (turing/postln.py), so the mapping drops the vocab padding
+# rows on export (re-created on import as zero rows with an MLM bias of PADDED_ROW_BIAS) and the
+# pooler and NSP head, which BertForMaskedLM lacks; on import a BertForPreTraining's (or
+# bert-base-uncased's, whose file holds them) are kept. Also on import: the LayerNorm names of
+# early checkpoints (`LayerNorm.gamma`, `.beta`, as bert-base-uncased's model.safetensors still has
+# them) become `.weight`, `.bias`, as transformers renames them; the tied decoder copies and the
+# position_ids buffer some files hold are dropped (checked equal where they are tensors we keep).
+
+POSTLN_MODEL_TYPE = "bert"
+POSTLN_HF_ARCHITECTURE = "BertForMaskedLM"
+POSTLN_HF_CLASSES = (POSTLN_HF_ARCHITECTURE, "BertForPreTraining")
+POSTLN_MISSING_KEYS = ("bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
+                       "cls.seq_relationship.bias")
+# Our keys a Hugging Face folder may lack (either BERT block): the pooler and the NSP head, which
+# keep the model's fresh initialisation.
+OPTIONAL_KEYS = HF_MISSING_KEYS + POSTLN_MISSING_KEYS
+_POSTLN_DECODER_BIAS = "cls.predictions.decoder.bias"  # transformers' tied copy of cls.predictions.bias
+# config keys copied as they are, both ways (transformers' names are ours)
+_POSTLN_SAME_KEYS = PostLNConfig.FIELDS
+
+
+def _postln_keys(num_layers):
+    """Our keys of the bert_postln model, except the word embedding, the MLM bias and the pooler
+    and NSP head."""
+    def dense_and_norm(prefix):
+        return [f"{prefix}{n}.{p}" for n in ("dense", "LayerNorm") for p in ("weight", "bias")]
+    keys = ["bert.embeddings.position_embeddings.weight", "bert.embeddings.token_type_embeddings.weight",
+            "bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias"]
+    for i in range(num_layers):
+        layer = f"bert.encoder.layer.{i}."
+        keys += [f"{layer}attention.self.{n}.{p}" for n in ("query", "key", "value") for p in ("weight", "bias")]
+        keys += dense_and_norm(layer + "attention.output.") + dense_and_norm(layer + "output.")
+        keys += [f"{layer}intermediate.dense.weight", f"{layer}intermediate.dense.bias"]
+    return keys + dense_and_norm("cls.predictions.transform.")
+
+
+def _legacy_layer_norm_names(state_dict):
+    """`...LayerNorm.gamma/.beta` -> `...LayerNorm.weight/.bias` (early BERT checkpoints' names)."""
+    renamed = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+    out = {}
+    for key, value in state_dict.items():
+        for old, new in renamed.items():
+            if key.endswith(old):
+                key = key[:-len(old)] + new
+        out[key] = value
+    return out
+
+
+def postln_to_hf(state_dict, config, vocab_size_real, pad_token_id=0):
+    """Map our BertForPreTrainingPostLN weights onto BertForMaskedLM.
+
+    config: our PostLNConfig (vocab_size = padded embedding rows); vocab_size_real: the vocab
+    file's size (rows from there on are padding and are dropped); pad_token_id: [PAD]'s id. The
+    pooler and the NSP head are dropped. Returns (hf_state_dict, hf_config_dict); tensors keep
+    their dtype."""
+    keys = _postln_keys(config.num_hidden_layers)
+    _check_keys(state_dict, keys + [_WORD, _BIAS], list(POSTLN_MISSING_KEYS) + [_DECODER], "our state dict")
+    hf = {k: state_dict[k].clone() for k in keys}
+    hf[_WORD], hf[_BIAS] = _vocab_rows_of(state_dict, (_WORD, _DECODER, _BIAS), config, vocab_size_real,
+                                          pad_token_id)
+    hf[_DECODER], hf[_POSTLN_DECODER_BIAS] = hf[_WORD], hf[_BIAS]  # tied, as in the HF model
+    hf_config = {"architectures": [POSTLN_HF_ARCHITECTURE], "model_type": POSTLN_MODEL_TYPE,
+                 "vocab_size": int(vocab_size_real), **{k: getattr(config, k) for k in _POSTLN_SAME_KEYS},
+                 "pad_token_id": int(pad_token_id), "is_decoder": False, "add_cross_attention": False,
+                 "tie_word_embeddings": True}
+    return hf, hf_config
+
+
+def _postln_config_from_hf(cfg):
+    """Our PostLNConfig (vocab_size: the padded rows) of a BertConfig dict; what our block does not
+    compute is refused, naming it."""
+    if cfg.get("model_type") != POSTLN_MODEL_TYPE:
+        raise ConversionError(f"Hugging Face config: model_type {cfg.get('model_type')!r}, expected "
+                              f"{POSTLN_MODEL_TYPE!r} (BertForMaskedLM or BertForPreTraining)")
+    check_encoder_config(cfg, POSTLN_HF_CLASSES)
+    if not isinstance(cfg.get("vocab_size"), int):
+        raise ConversionError(f"Hugging Face config: vocab_size must be an int, got {cfg.get('vocab_size')!r}")
+    if cfg.get("hidden_act", "gelu") not in _ACTIVATIONS:
+        raise ConversionError(f"Hugging Face config: hidden_act {cfg['hidden_act']!r} is not one this block computes "
+                              f"({', '.join(sorted(_ACTIVATIONS))}; gelu is the exact erf form, as transformers')")
+    try:
+        return PostLNConfig(vocab_size_padded(cfg["vocab_size"]), **{k: cfg[k] for k in _POSTLN_SAME_KEYS if k in cfg})
+    except BertConfigError as e:
+        raise ConversionError(f"Hugging Face config: {e}") from None
+
+
+def hf_to_postln(hf_state_dict, hf_config):
+    """Map BertForMaskedLM or BertForPreTraining weights (a stock folder's, or as exported by
+    `postln_to_hf`) to ours.
+
+    hf_config: the config.json dict, its path (or folder), or a PretrainedConfig. Returns
+    (state_dict, PostLNConfig): the vocab padded to a multiple of 8 with zero embedding rows and
+    MLM bias PADDED_ROW_BIAS; the pooler and NSP head where the weights have them. Tensors keep
+    their dtype."""
+    cfg = _config_dict(hf_config)
+    config = _postln_config_from_hf(cfg)
+    sd = _legacy_layer_norm_names(hf_state_dict)
+    if not any(k.startswith("cls.predictions.") for k in sd):
+        raise ConversionError("Hugging Face state dict: no MLM head (cls.predictions.*): a bare BertModel or a "
+                              f"fine-tuned model; {' or '.join(POSTLN_HF_CLASSES)} has one")
+    sd.pop("bert.embeddings.position_ids", None)
+    keys = _postln_keys(config.num_hidden_layers)
+    _check_keys(sd, keys + [_WORD, _BIAS], list(POSTLN_MISSING_KEYS) + [_DECODER, _POSTLN_DECODER_BIAS],
+                "Hugging Face state dict")
+    vocab_real, word = cfg["vocab_size"], sd[_WORD]
+    if word.shape[0] != vocab_real:
+        raise ConversionError(f"{_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
+    for copy, tensor in ((_DECODER, word), (_POSTLN_DECODER_BIAS, sd[_BIAS])):
+        if copy in sd and not torch.equal(sd[copy], tensor):
+            raise ConversionError(f"{copy} differs from its tied tensor: our MLM decoder is tied to the word "
+                                  "embedding, with the bias cls.predictions.bias")
+    ours = {k: sd[k].clone() for k in keys + [k for k in POSTLN_MISSING_KEYS if k in sd]}
+    ours[_WORD], ours[_BIAS] = _with_vocab_padding(word, sd[_BIAS])
+    ours[_DECODER] = ours[_WORD]  # tied
     return ours, config
 
 
@@ -331,20 +501,10 @@ def modern_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, cls_token_
     tensors keep their dtype."""
     keys = _modern_keys(config)
     _check_keys(state_dict, keys + [_MODERN_WORD, _MODERN_BIAS], [_MODERN_DECODER], "our state dict")
-    word = state_dict[_MODERN_WORD]
-    if tuple(word.shape) != (config.vocab_size, config.hidden_size):
-        raise ConversionError(f"{_MODERN_WORD} has shape {tuple(word.shape)}, config expects "
-                              f"({config.vocab_size}, {config.hidden_size})")
-    if not 0 < vocab_size_real <= word.shape[0]:
-        raise ConversionError(f"vocab size {vocab_size_real} does not fit the {word.shape[0]} embedding rows")
-    if _MODERN_DECODER in state_dict and not torch.equal(state_dict[_MODERN_DECODER], word):
-        raise ConversionError(f"{_MODERN_DECODER} differs from {_MODERN_WORD}: the export needs the tied decoder")
-    if not 0 <= pad_token_id < vocab_size_real:
-        raise ConversionError(f"pad_token_id {pad_token_id} is outside the vocab (size {vocab_size_real})")
     hf = {_to_hf_key(k): state_dict[k].clone() for k in keys}
-    hf[_to_hf_key(_MODERN_WORD)] = word[:vocab_size_real].clone()
+    hf[_to_hf_key(_MODERN_WORD)], hf["decoder.bias"] = _vocab_rows_of(
+        state_dict, (_MODERN_WORD, _MODERN_DECODER, _MODERN_BIAS), config, vocab_size_real, pad_token_id)
     hf["decoder.weight"] = hf[_to_hf_key(_MODERN_WORD)]  # tied, as in the HF model
-    hf["decoder.bias"] = state_dict[_MODERN_BIAS][:vocab_size_real].clone()
     rope = {kind: {"rope_type": "default", "rope_theta": float(config.rope_theta(kind))} for kind in (FULL, SLIDING)}
     hf_config = {"architectures": [MODERN_HF_ARCHITECTURE], "model_type": MODERN_MODEL_TYPE,
                  "vocab_size": int(vocab_size_real), **{k: getattr(config, k) for k in _MODERN_SAME_KEYS},
@@ -360,6 +520,11 @@ def modern_to_hf(state_dict, config, vocab_size_real, pad_token_id=0, cls_token_
 def _modern_config_from_hf(cfg):
     """Our ModernConfig (vocab_size: the padded rows) of a ModernBertConfig dict; the theta of each
     layer type from rope_parameters (default rope only), else global_/local_rope_theta."""
+    if cfg.get("model_type") != MODERN_MODEL_TYPE:
+        raise ConversionError(f"Hugging Face config: model_type {cfg.get('model_type')!r}, expected "
+                              f"{MODERN_MODEL_TYPE!r} (a folder written by tools/export_hf.py)")
+    # (a position_embedding_type some ModernBERT configs carry is read by nothing: the model has RoPE)
+    check_encoder_config({k: v for k, v in cfg.items() if k != "position_embedding_type"}, (MODERN_HF_ARCHITECTURE,))
     values = {k: cfg[k] for k in _MODERN_SAME_KEYS if k in cfg}
     if cfg.get("layer_types") is not None:
         values["layer_types"] = list(cfg["layer_types"])
@@ -391,9 +556,6 @@ def hf_to_modern(hf_state_dict, hf_config):
     (state_dict, ModernConfig): the vocab padded to a multiple of 8 with zero embedding rows and
     MLM bias PADDED_ROW_BIAS; tensors keep their dtype."""
     cfg = _config_dict(hf_config)
-    if cfg.get("model_type") != MODERN_MODEL_TYPE:
-        raise ConversionError(f"Hugging Face config: model_type {cfg.get('model_type')!r}, expected "
-                              f"{MODERN_MODEL_TYPE!r} (a folder written by tools/export_hf.py)")
     config = _modern_config_from_hf(cfg)
     keys = _modern_keys(config)
     sd = dict(hf_state_dict)
@@ -405,19 +567,22 @@ def hf_to_modern(hf_state_dict, hf_config):
         raise ConversionError(f"{word_key} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
     if "decoder.weight" in sd and not torch.equal(sd["decoder.weight"], word):
         raise ConversionError("decoder.weight differs from the token embeddings: our MLM decoder is tied")
-    padded = config.vocab_size
     ours = {k: sd[_to_hf_key(k)].clone() for k in keys}
-    ours[_MODERN_WORD] = torch.cat([word, word.new_zeros((padded - vocab_real, word.shape[1]))])
+    ours[_MODERN_WORD], ours[_MODERN_BIAS] = _with_vocab_padding(word, sd["decoder.bias"])
     ours[_MODERN_DECODER] = ours[_MODERN_WORD]  # tied
-    bias = sd["decoder.bias"]
-    ours[_MODERN_BIAS] = torch.cat([bias, bias.new_full((padded - vocab_real,), PADDED_ROW_BIAS)])
     return ours, config
 
 
 # ---------------------------------------------------------------------------------------------
-# Exported folders
+# Hugging Face folders: an export of ours, or a stock model saved by save_pretrained
 
-_IMPORTERS = {HF_MODEL_TYPE: hf_to_ours, MODERN_MODEL_TYPE: hf_to_modern}
+# model_type -> (the config reader, the importer)
+_IMPORTERS = {HF_MODEL_TYPE: (_prelayernorm_config_from_hf, hf_to_ours),
+              POSTLN_MODEL_TYPE: (_postln_config_from_hf, hf_to_postln),
+              MODERN_MODEL_TYPE: (_modern_config_from_hf, hf_to_modern)}
+_IMPORTED = (f"{HF_MODEL_TYPE} ({HF_ARCHITECTURE}), {POSTLN_MODEL_TYPE} ({', '.join(POSTLN_HF_CLASSES)}), "
+             f"{MODERN_MODEL_TYPE} ({MODERN_HF_ARCHITECTURE})")
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # transformers' pickles: never read
 
 
 def _folder_model_type(path):
@@ -432,44 +597,97 @@ def _folder_model_type(path):
 
 
 def is_hf_folder(path):
-    """True for a folder with a config.json of an exported architecture (RoBERTa-PreLayerNorm, ModernBERT)."""
-    return _folder_model_type(path) in _IMPORTERS
+    """True for a folder with a config.json naming a model_type: an export of ours or a stock
+    Hugging Face model (`load_hf_folder` reads the model types of `_IMPORTERS` and names the others)."""
+    return isinstance(_folder_model_type(path), str)
 
 
-def load_hf_folder(folder):
-    """(state_dict, config) of a folder written by tools/export_hf.py (or any
-    RobertaPreLayerNormForMaskedLM or ModernBertForMaskedLM saved with safetensors), via
-    `hf_to_ours` (a BertConfig) or `hf_to_modern` (a ModernConfig), as its model_type says."""
-    folder = os.fspath(folder)
+def _importer(folder):
+    """(config reader, importer) of the folder's model_type; another model_type is one error line."""
+    model_type = _folder_model_type(folder)
+    if model_type not in _IMPORTERS:
+        raise ConversionError(f"{folder}: config.json model_type {model_type!r} is not one this project imports: "
+                              f"{_IMPORTED}")
+    return _IMPORTERS[model_type]
+
+
+def _weight_files(folder):
+    """The safetensors files of a Hugging Face folder: model.safetensors, or the shards its index names."""
     single = os.path.join(folder, "model.safetensors")
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(single):
-        files = [single]
-    elif os.path.isfile(index):
+        return [single]
+    if os.path.isfile(index):
         try:
             with open(index, encoding="utf-8") as f:
                 files = [os.path.join(folder, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConversionError(f"{index}: not a safetensors index (a JSON object with a 'weight_map'; "
                                   f"{type(e).__name__}: {e})") from None
-    else:
-        raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
-                                      "expected a folder written by tools/export_hf.py")
+        missing = [path for path in files if not os.path.isfile(path)]
+        if missing:
+            raise ConversionError(f"{missing[0]}: not found (named by {os.path.basename(index)})")
+        return files
+    pickled = [name for name in PICKLED_WEIGHTS if os.path.isfile(os.path.join(folder, name))]
+    if pickled:
+        raise ConversionError(f"{folder}: the weights are in {pickled[0]} only, a pickle, which this project never "
+                              f"unpickles; re-save them with safetensors (transformers: AutoModelForMaskedLM."
+                              f"from_pretrained(FOLDER).save_pretrained(FOLDER, safe_serialization=True))")
+    raise CheckpointNotFoundError(f"{folder}: no model.safetensors (or model.safetensors.index.json); "
+                                  "expected a folder written by tools/export_hf.py or save_pretrained")
+
+
+def _read_safetensors(path, read):
+    """read(path) with safetensors (`load_file`, or the header's names); a damaged file is one line."""
     try:  # optional: only for reading Hugging Face folders
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
     except ImportError as e:
-        raise ConversionError(f"{folder}: reading safetensors needs the 'safetensors' package ({e})") from None
+        raise ConversionError(f"{path}: reading safetensors needs the 'safetensors' package ({e})") from None
+    try:
+        return read(path)
+    except SafetensorError as e:  # a truncated, empty or damaged file
+        raise ConversionError(f"{path}: not a complete safetensors file ({os.path.getsize(path)} bytes: {e}); "
+                              "export it again") from None
+
+
+def _tensors(path):
+    from safetensors.torch import load_file
+    return load_file(path)
+
+
+def _tensor_names(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        return list(f.keys())
+
+
+def hf_folder_config(folder):
+    """(our config, the config.json dict, the tensor names in its weights files) of a Hugging Face
+    folder, read without loading a tensor (the files' headers only): what `turing.pretrained`
+    says of one before the weights are read."""
+    folder = os.fspath(folder)
+    files = _weight_files(folder)
+    names = [name for path in files for name in _read_safetensors(path, _tensor_names)]
+    reader, _ = _importer(folder)
+    cfg = _config_dict(folder)
+    try:
+        return reader(cfg), cfg, names
+    except ConversionError as e:
+        raise ConversionError(f"{folder}: {e}") from None
+
+
+def load_hf_folder(folder):
+    """(state_dict, config) of a Hugging Face folder (an export of ours, or a stock
+    RobertaPreLayerNormForMaskedLM, BertForMaskedLM, BertForPreTraining or ModernBertForMaskedLM
+    saved with safetensors), via `hf_to_ours` (a BertConfig), `hf_to_postln` (a PostLNConfig) or
+    `hf_to_modern` (a ModernConfig), as its model_type says."""
+    folder = os.fspath(folder)
+    files = _weight_files(folder)
+    _, importer = _importer(folder)
     hf_state = {}
     for path in files:
-        if not os.path.isfile(path):
-            raise ConversionError(f"{path}: not found (named by {os.path.basename(index)})")
-        try:
-            hf_state.update(check_finite(load_file(path), path))
-        except SafetensorError as e:  # a truncated, empty or damaged file
-            raise ConversionError(f"{path}: not a complete safetensors file ({os.path.getsize(path)} bytes: {e}); "
-                                  "export it again") from None
+        hf_state.update(check_finite(_read_safetensors(path, _tensors), path))
     try:
-        return _IMPORTERS.get(_folder_model_type(folder), hf_to_ours)(hf_state, folder)
+        return importer(hf_state, folder)
     except ConversionError as e:
         raise ConversionError(f"{folder}: {e}") from None

@@ -19,6 +19,10 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputValueError
 from turing.lr_schedule import COOLDOWN_PROPORTION
 
+# The architectures (turing.models.ARCHITECTURES) whose model has a next-sentence head: their NSP
+# term is on unless the training section switches it off; the others have none to turn on.
+NSP_ARCHITECTURES = ("bert", "bert_postln")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSection:
@@ -36,7 +40,7 @@ class TrainingSection:
     weight_decay: float = 0.01
     masked_lm_prob: float = MASKED_SHARE    # the Bing provider's dynamic masking
     mask_split: Tuple[float, float, float] = tuple(MASK_SPLIT)
-    next_sentence_prediction: bool = True   # the NSP term (off for the modernbert architecture)
+    next_sentence_prediction: bool = True   # the NSP term (off for an architecture without NSP_ARCHITECTURES' head)
     cooldown_proportion: float = COOLDOWN_PROPORTION   # WSD, budget
     cooldown_shape: str = "linear"
 
@@ -50,7 +54,7 @@ class TrainingSection:
             raise InputValueError(f"{where}.async_worker: expected true or false, got {values['async_worker']!r}")
         if "mask_split" in values:
             values["mask_split"] = tuple(values["mask_split"])
-        values.setdefault("next_sentence_prediction", architecture == "bert")
+        values.setdefault("next_sentence_prediction", architecture in NSP_ARCHITECTURES)
         return cls(**values)
 
 

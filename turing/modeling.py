@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputFileNotFoundError, InputValueError
-from turing.job_config import bert_model_config_of
+from turing.job_config import NSP_ARCHITECTURES, bert_model_config_of
 from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
@@ -515,9 +515,11 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    def __init__(self, config, word_embedding_weight):
+    """transform (default the original's), then the vocab projection tied to the word embedding, + bias."""
+
+    def __init__(self, config, word_embedding_weight, transform=None):
         super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
+        self.transform = transform if transform is not None else BertPredictionHeadTransform(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.decoder.weight = word_embedding_weight  # tied: one tensor, two names
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
@@ -528,9 +530,9 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config, word_embedding_weight):
+    def __init__(self, config, word_embedding_weight, transform=None):
         super().__init__()
-        self.predictions = BertLMPredictionHead(config, word_embedding_weight)
+        self.predictions = BertLMPredictionHead(config, word_embedding_weight, transform)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
     def forward(self, sequence_output, pooled_output):
@@ -602,7 +604,7 @@ class ModelOptions:
     def check(self):
         """Reject option combinations this machine or build cannot run, with one line saying why."""
         if self.architecture != "bert":
-            self._check_modern()
+            self._check_architecture()
         if self.unpad:
             for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
                 if getattr(self, flag):
@@ -626,19 +628,27 @@ class ModelOptions:
             raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
                                   "enables bf16")
 
-    # the options that do not apply to the modernbert block (turing/modern.py), and why
-    _NOT_MODERN = {
-        "deepspeed_transformer_kernel": "DeepSpeed's fused layer computes the original BERT block",
-        "deepspeed_sparse_attention": "its layouts are for the original block; the modern block has its own "
-                                      "sliding-window attention (local_attention)",
+    # the options that do not apply to the other architectures' blocks, and why
+    _NOT_APPLYING = {
+        "modernbert": {
+            "deepspeed_transformer_kernel": "DeepSpeed's fused layer computes the original BERT block",
+            "deepspeed_sparse_attention": "its layouts are for the original block; the modern block has its own "
+                                          "sliding-window attention (local_attention)",
+        },
+        "bert_postln": {
+            "deepspeed_transformer_kernel": "this build wires DeepSpeed's fused layer for the pre-LN block only",
+            "deepspeed_sparse_attention": "its layouts are wired for the original pre-LN block only",
+            "progressive_layer_drop": "skipping a layer needs the pre-LN block's identity path (Zhang & He 2020 "
+                                      "switch BERT to pre-LN for it); the post-LN block has a LayerNorm on it",
+        },
     }
 
-    def _check_modern(self):
-        for flag, why in self._NOT_MODERN.items():
+    def _check_architecture(self):
+        for flag, why in self._NOT_APPLYING.get(self.architecture, {}).items():
             if getattr(self, flag):
                 raise InputValueError(f"--{flag} does not apply to bert_model_config.architecture "
                                       f"'{self.architecture}' ({why}); run without it")
-        if self.next_sentence_prediction:
+        if self.next_sentence_prediction and self.architecture not in NSP_ARCHITECTURES:
             raise InputValueError(f"next_sentence_prediction is true, but bert_model_config.architecture "
                                   f"'{self.architecture}' has no next-sentence head (ModernBERT trains the MLM loss "
                                   f"alone); set it false in the job config's training section or leave it out")

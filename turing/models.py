@@ -2,7 +2,8 @@
 
 Owns: `ARCHITECTURES` (the job config's `bert_model_config.architecture` -> its config class and
 pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default; "modernbert",
-`turing.modern.ModernForPreTraining`), `model_config_from_dict` and `pretraining_model`, which
+`turing.modern.ModernForPreTraining`; "bert_postln", `turing.postln.BertForPreTrainingPostLN`,
+Hugging Face's post-LN BertModel), `model_config_from_dict` and `pretraining_model`, which
 every tool builds through; building the model from the job config's `bert_model_config` and the
 vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
 says), the device the batches go to, and plain state-dict save/load of the network.
@@ -19,6 +20,7 @@ from turing.checkpoint import read_state_dict_file
 from turing.errors import ConversionError, InputFileNotFoundError, InputValueError
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.modern import ModernConfig, ModernForPreTraining
+from turing.postln import BertForPreTrainingPostLN, PostLNConfig
 from turing.job_config import bert_model_config_of
 from turing.speedups import apply_speedups
 from turing.tokenization import load_vocab, vocab_rows, vocab_size
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES = {
     "bert": (BertConfig, BertForPreTrainingPreLN),
     "modernbert": (ModernConfig, ModernForPreTraining),
+    "bert_postln": (PostLNConfig, BertForPreTrainingPostLN),
 }
 
 

@@ -5,15 +5,23 @@ A trained model is one of:
 - a checkpoint of ours: a job folder (OUT/saved_models/JOB: its `latest` tag) or one tag folder,
   with job_config.json and args.json beside the weights;
 - a state dict file with the original's key names (.pt/.bin);
-- a Hugging Face folder written by tools/export_hf.py (RobertaPreLayerNorm or ModernBert).
+- a Hugging Face folder (`save_pretrained`'s layout, safetensors only): written by
+  tools/export_hf.py, or a stock model: RobertaPreLayerNormForMaskedLM (our "bert" block),
+  BertForMaskedLM or BertForPreTraining ("bert_postln"), ModernBertForMaskedLM ("modernbert").
+  Sizes and architecture come from its config.json (turing.hf_convert), the vocab from its
+  vocab.txt, whose size must be config.json's vocab_size and whose [PAD] its pad_token_id. A
+  folder without vocab.txt (a stock ModernBERT or RoBERTa: tokenizer.json, vocab.json) still
+  opens: its vocab_size is config.json's, `tokenizer_file` names its tokenizer, and
+  `require_vocab_file` is the one error line of a reader that needs a WordPiece vocab.
 
 `open_trained(path, vocab_file, config_file)` says what it is: a TrainedModel with its kind, its
 config (sizes and architecture, vocab_size the rows its vocab gives: `vocab_rows`), its vocab file
-and lower-casing. `TrainedModel.build()` is the model with those weights (or, random_init, its
-twin with fresh ones); `read_weights` and `load_into` are the two halves of that for a model built
-elsewhere (the trainer's engine). Every file is read weights-only and every tensor must be finite
-(turing.checkpoint); only the pooler and the next-sentence head may be absent (an export drops
-them) and keep their fresh initialisation.
+and lower-casing, and whether its weights hold a next-sentence head. `TrainedModel.build()` is the
+model with those weights (or, random_init, its twin with fresh ones); `read_weights` and
+`load_into` are the two halves of that for a model built elsewhere (the trainer's engine). Every
+file is read weights-only and every tensor must be finite (turing.checkpoint); only the pooler and
+the next-sentence head may be absent (an export drops them; a BertForMaskedLM has neither) and keep
+their fresh initialisation.
 """
 import dataclasses
 import logging
@@ -23,16 +31,21 @@ from typing import Optional
 from turing.checkpoint import (VOCAB_COPY, load_checkpoint_state, read_state_dict_file,
                                resolve_checkpoint_tag_dir)
 from turing.errors import InputValueError
-from turing.hf_convert import HF_MISSING_KEYS, is_hf_folder, load_hf_folder
+from turing.hf_convert import OPTIONAL_KEYS, hf_folder_config, is_hf_folder, load_hf_folder
+from turing.job_config import NSP_ARCHITECTURES
 from turing.jsonfile import read_json
 from turing.kernel_layout import to_transformer_kernel_layout
 from turing.modeling import BertConfigError
 from turing.models import model_config_from_dict, pretraining_model
-from turing.tokenization import load_vocab, vocab_digest, vocab_rows
+from turing.postln import ARCHITECTURE as POSTLN
+from turing.tokenization import SPECIAL_TOKENS, load_vocab, vocab_digest, vocab_rows, vocab_size
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT, STATE_DICT, EXPORT = "checkpoint", "state_dict", "export"
+CHECKPOINT, STATE_DICT, EXPORT = "checkpoint", "state_dict", "export"  # EXPORT: any Hugging Face folder
+# a Hugging Face folder's tokenizer files, the one our tokenizer reads first
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json")
+NSP_HEAD_KEY = "cls.seq_relationship.weight"
 
 
 class ModelSourceError(InputValueError):
@@ -44,15 +57,27 @@ class TrainedModel:
     path: str                 # as given
     kind: str                 # CHECKPOINT, STATE_DICT or EXPORT
     weights: str              # what the weights are read from: the file, the tag folder or the export folder
-    config: object            # BertConfig or ModernConfig; vocab_size = vocab_rows of the vocab file
-    vocab_file: str
+    config: object            # BertConfig, PostLNConfig or ModernConfig; vocab_size = vocab_rows of the vocab file
+    vocab_file: Optional[str]  # None: a Hugging Face folder without vocab.txt (tokenizer_file names its tokenizer)
     do_lower_case: bool
     job_config: Optional[dict] = None   # a checkpoint's job_config.json (or --cf's)
     run_args: Optional[dict] = None     # a checkpoint's args.json
+    tokenizer_file: Optional[str] = None  # a Hugging Face folder's: vocab.txt, else tokenizer.json or vocab.json
+    nsp_head: bool = False    # the weights hold a next-sentence head (a BertForPreTraining's, a checkpoint's)
 
     @property
     def architecture(self):
         return self.config.architecture
+
+    def require_vocab_file(self, flag="--vocab_file"):
+        """The WordPiece vocab.txt to tokenize with; a folder whose tokenizer is another file is one
+        error line (`flag`: how the caller names a vocab given instead)."""
+        if self.vocab_file is None:
+            raise ModelSourceError(
+                f"{self.path}: no vocab.txt; its tokenizer is {self.tokenizer_file or 'not in the folder'}, which "
+                f"this project's tokenizer (turing.tokenization: a WordPiece vocab.txt) and data tools cannot read "
+                f"yet; give a vocab.txt whose ids are the model's ({flag})")
+        return self.vocab_file
 
     def build(self, random_init=False):
         """The pretraining model of this config, initialised from the current torch RNG state,
@@ -117,7 +142,7 @@ def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
 
 
 def kind_of(path):
-    """CHECKPOINT, STATE_DICT or EXPORT; a path that is none of them is one error line."""
+    """CHECKPOINT, STATE_DICT or EXPORT (a Hugging Face folder); a path that is none of them is one error line."""
     if is_hf_folder(path):
         return EXPORT
     if os.path.isdir(path):
@@ -125,24 +150,48 @@ def kind_of(path):
     if os.path.isfile(path):
         return STATE_DICT
     raise ModelSourceError(f"{path}: not found; expected a checkpoint folder of this project, a state dict file "
-                           f"(.pt/.bin) or a Hugging Face export")
+                           f"(.pt/.bin) or a Hugging Face folder (an export, or a stock model with config.json)")
+
+
+def _check_folder_vocab(path, vocab_file, hf_config):
+    """A Hugging Face folder's vocab.txt must be its config.json's: as many tokens as vocab_size,
+    [PAD] at pad_token_id (RoBERTa numbers positions from it; every export writes it)."""
+    vocab = load_vocab(vocab_file)
+    if vocab_size(vocab) != hf_config.get("vocab_size"):
+        raise ModelSourceError(f"{path}: vocab.txt has {vocab_size(vocab)} tokens, config.json vocab_size is "
+                               f"{hf_config.get('vocab_size')}; the embedding rows are the vocab's")
+    pad, pad_id = SPECIAL_TOKENS["pad"], hf_config.get("pad_token_id")
+    if pad in vocab and pad_id is not None and vocab[pad] != pad_id:
+        raise ModelSourceError(f"{path}: config.json pad_token_id is {pad_id}, but {pad} is id {vocab[pad]} of "
+                               "vocab.txt")
+
+
+def _open_hf_folder(path, vocab_file):
+    """(config, vocab file or None, lower-casing, tokenizer file, holds an NSP head) of a Hugging
+    Face folder; its weights are not read."""
+    config, hf_config, names = hf_folder_config(path)
+    tokenizer_file = next((os.path.join(path, name) for name in TOKENIZER_FILES
+                           if os.path.isfile(os.path.join(path, name))), None)
+    if vocab_file is None and os.path.isfile(os.path.join(path, "vocab.txt")):
+        vocab_file = os.path.join(path, "vocab.txt")
+        _check_folder_vocab(path, vocab_file, hf_config)
+    do_lower_case = (_json_beside(path, "tokenizer_config.json") or {}).get("do_lower_case", True)
+    return config, vocab_file, do_lower_case, tokenizer_file, NSP_HEAD_KEY in names
 
 
 def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
     """What the trained model at `path` is (TrainedModel): its sizes and architecture, vocab and
-    lower-casing, from the model itself (an export's config.json and tokenizer files, a
+    lower-casing, from the model itself (a Hugging Face folder's config.json and tokenizer files, a
     checkpoint's job_config.json and args.json); `config_file` (a job config, --cf) for what a
     state dict file or an older checkpoint does not carry; `vocab_file` to name the vocab. `tag`:
     the checkpoint tag of a job folder (default its `latest`). The weights are read by build()."""
     path = os.fspath(path)
     kind = kind_of(path)
     cf_config = read_json(config_file, "job config (--cf)", ModelSourceError) if config_file else None
-    job_config = run_args = None
+    job_config = run_args = tokenizer_file = None
     if kind == EXPORT:
-        _, config = load_hf_folder(path)
+        config, vocab_file, do_lower_case, tokenizer_file, nsp_head = _open_hf_folder(path, vocab_file)
         weights = path
-        vocab_file = vocab_file or os.path.join(path, "vocab.txt")
-        do_lower_case = (_json_beside(path, "tokenizer_config.json") or {}).get("do_lower_case", True)
     else:
         weights = resolve_checkpoint_tag_dir(path, tag) if kind == CHECKPOINT else path
         folder = weights if kind == CHECKPOINT else os.path.dirname(os.path.abspath(path))
@@ -154,9 +203,55 @@ def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
             except ModelSourceError as e:
                 raise ModelSourceError(f"{path}: {e}, or --vocab_file") from None
         do_lower_case = bool((run_args or {}).get("do_lower_case", True))
-    config.vocab_size = vocab_rows(load_vocab(vocab_file), vocab_file)
+        nsp_head = config.architecture in NSP_ARCHITECTURES  # our models keep theirs, trained or not
+    if vocab_file is not None:  # else (a folder without vocab.txt) config.json's vocab_size, padded
+        config.vocab_size = vocab_rows(load_vocab(vocab_file), vocab_file)
     return TrainedModel(path, kind, os.path.abspath(weights), config, vocab_file, do_lower_case,
-                        cf_config or job_config, run_args)
+                        cf_config or job_config, run_args, tokenizer_file, nsp_head)
+
+
+def locate(name, data_path_prefix):
+    """The job config's bert_model_file as given, else under --data_path_prefix; None where neither exists."""
+    return next((p for p in (name, os.path.join(data_path_prefix or "", name)) if name and os.path.exists(p)), None)
+
+
+def bert_model_config(config):
+    """The job config's bert_model_config of a model config (any architecture)."""
+    return {"architecture": config.architecture, **config.to_dict()}
+
+
+def _comparable(config):
+    """A model config's settings without what is not the model's own: the vocab size (the vocab
+    file's, padded) and global_attn_every_n_layers (layer_types, which it may derive, says it)."""
+    return {k: v for k, v in bert_model_config(config).items() if k not in ("vocab_size", "global_attn_every_n_layers")}
+
+
+def check_job_settings(path, model_config, vocab_file, next_sentence_prediction, where):
+    """A job config that starts from the Hugging Face folder `path` (--use_pretrain) and gives its
+    own bert_model_config or bert_token_file must give the folder's (`where` names the job config in
+    the one error line); a next-sentence term needs the folder's NSP head where its classes may lack
+    one (BertForMaskedLM). Other kinds of trained model are not checked here (load_into checks shapes)."""
+    if kind_of(path) != EXPORT:
+        return
+    trained = open_trained(path)
+    try:
+        given = _comparable(model_config_from_dict(model_config))
+    except BertConfigError as e:
+        raise ModelSourceError(f"{where}: {e}") from None
+    folder = _comparable(trained.config)
+    differ = [k for k in sorted(set(given) | set(folder)) if given.get(k) != folder.get(k)]
+    if differ:
+        shown = ", ".join(f"{k} {given.get(k)!r} (the folder's {folder.get(k)!r})" for k in differ[:4])
+        raise ModelSourceError(f"{where}: bert_model_config differs from {os.path.join(path, 'config.json')}: {shown}; "
+                               f"leave bert_model_config out to take the folder's")
+    folder_vocab = trained.require_vocab_file("the job config's bert_token_file")
+    if vocab_digest(vocab_file) != vocab_digest(folder_vocab):
+        raise ModelSourceError(f"{where}: bert_token_file {vocab_file} is not {folder_vocab} (their contents differ); "
+                               f"leave bert_token_file out to take the folder's")
+    # (a RobertaPreLayerNorm folder never has one: there the original's NSP term trains a fresh head, as before)
+    if next_sentence_prediction and trained.architecture == POSTLN and not trained.nsp_head:
+        raise ModelSourceError(f"{where}: next_sentence_prediction is true, but {path} has no next-sentence head "
+                               f"(a BertForMaskedLM); set it false in the training section or leave it out")
 
 
 def read_weights(path, trust=False):
@@ -183,7 +278,7 @@ def load_into(network, state_dict, where):
     if wrong:
         raise ModelSourceError(f"{where}: shapes differ from bert_model_config and the vocab: {', '.join(wrong[:4])}")
     missing, unexpected = network.load_state_dict(state_dict, strict=False)
-    missing = [k for k in missing if k not in HF_MISSING_KEYS]
+    missing = [k for k in missing if k not in OPTIONAL_KEYS]
     if missing or unexpected:
         raise ModelSourceError(f"{where}: weights do not fit the model: missing {missing[:4]}, "
                                f"unexpected {unexpected[:4]}")

@@ -13,11 +13,12 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
 from turing.flops import MEASURE
-from turing.job_config import JobConfig
+from turing.job_config import NSP_ARCHITECTURES, JobConfig
 from turing.jsonfile import read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
 from turing.modeling import BertConfigError, ModelOptions
 from turing.models import model_config_from_dict
+from turing.pretrained import bert_model_config, is_hf_folder, locate, open_trained
 from turing.process import Ranks
 from turing.sinks import check_report_to
 from turing.tokenization import load_vocab, vocab_digest, vocab_rows, vocab_size
@@ -133,6 +134,7 @@ def complete_arguments(args):
                          f"{', '.join(LR_SCHEDULES)} ({schedule_help()})")
     for key in LR_SCHEDULES[args.lr_schedule].needs:
         _require(config, ["training", key], f"{args.config_file} (mixed_seq_training.{seq})")
+    settings_from_pretrained(args, config)
     _require(config, ["bert_model_config"], args.config_file)
     check_recipe(args, config["training"], f"{args.config_file} (mixed_seq_training.{seq})", config)
     args.config = config
@@ -161,6 +163,31 @@ def complete_arguments(args):
                          f"--max_seq_length {args.max_seq_length}")
     check_config_values(args)
     return args
+
+
+def settings_from_pretrained(args, config):
+    """A job config whose bert_model_file is a Hugging Face folder (a stock model or an export,
+    as given or under --data_path_prefix) and that leaves bert_model_config or bert_token_file out
+    takes them from the folder (turing.pretrained: its config.json, its vocab.txt); the training
+    section's next_sentence_prediction is then false where the folder has no NSP head to train
+    (a BertForMaskedLM, a RobertaPreLayerNorm) and the section does not say. Values the job config
+    gives are checked against the folder where --use_pretrain loads it
+    (turing.pretrained.check_job_settings)."""
+    missing = [key for key in ("bert_model_config", "bert_token_file") if not config.get(key)]
+    path = locate(config.get("bert_model_file"), args.data_path_prefix)
+    if not missing or path is None or not is_hf_folder(path):
+        return
+    try:
+        trained = open_trained(path)
+        config["bert_model_config"] = config.get("bert_model_config") or bert_model_config(trained.config)
+        config["bert_token_file"] = (config.get("bert_token_file")
+                                     or trained.require_vocab_file("the job config's bert_token_file"))
+    except InputError as e:
+        raise InputError(f"{args.config_file}: bert_model_file {e}") from None
+    if trained.architecture in NSP_ARCHITECTURES and not trained.nsp_head:
+        config["training"].setdefault("next_sentence_prediction", False)
+    logger.info("%s: %s from %s (architecture %s)", args.config_file, " and ".join(missing), path,
+                trained.architecture)
 
 
 PLD_DEFAULTS = {"theta": 0.5, "gamma": 0.001}   # the progressive_layer_drop block's, as DeepSpeed's
@@ -285,14 +312,14 @@ def check_recipe(args, training, where, config=None):
             or abs(sum(split) - 1.0) > 1e-6):
         raise InputError(f"{where}: mask_split must be [mask, random, keep] shares summing to 1 "
                          f"(the original's [0.8, 0.1, 0.1]), got {split!r}")
-    # The original's NSP term is on unless switched off; the modernbert architecture has no NSP
-    # head (ModernBERT trains the MLM loss alone), so there it is off and cannot be turned on.
+    # The original's NSP term is on unless switched off; an architecture without an NSP head (the
+    # modernbert one: ModernBERT trains the MLM loss alone) has it off, and it cannot be turned on.
     model_config = (config or {}).get("bert_model_config")
     architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
-    nsp = training.get("next_sentence_prediction", architecture == "bert")
+    nsp = training.get("next_sentence_prediction", architecture in NSP_ARCHITECTURES)
     if not isinstance(nsp, bool):
         raise InputError(f"{where}: next_sentence_prediction must be true or false, got {nsp!r}")
-    if nsp and architecture != "bert":
+    if nsp and architecture not in NSP_ARCHITECTURES:
         raise InputError(f"{where}: next_sentence_prediction is true, but bert_model_config.architecture "
                          f"'{architecture}' has no next-sentence head; set it false or leave it out")
     args.next_sentence_prediction = nsp
