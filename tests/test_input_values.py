@@ -230,3 +230,15 @@ def test_a_masked_position_in_the_padding_is_refused(tmp_path):
     with pytest.raises(ValueError, match=re.escape("masked_lm_positions of row 2 hold 30, in the padding (the row "
                                                    "has 10 real tokens)")):
         read_hdf5_shard(str(path))
+
+
+@pytest.mark.parametrize("value", ["absent", None, ""])
+def test_a_job_config_without_pretrained_weights_trains(value, data_root, tmp_path):
+    """bert_model_file absent, null or empty (a job config written for training from scratch, as
+    the bench's GPU job writes one) is no pretrained model: the run trains (it was a TypeError)."""
+    def edit(config):
+        config.pop("bert_model_file", None)
+        if value != "absent":
+            config["bert_model_file"] = value
+    cf = job_config(tmp_path, edit)
+    assert deepspeed_train.main(argv(data_root, tmp_path / "out", "--max_steps", 1, cf=cf)).global_step == 1

@@ -211,8 +211,11 @@ def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
 
 
 def locate(name, data_path_prefix):
-    """The job config's bert_model_file as given, else under --data_path_prefix; None where neither exists."""
-    return next((p for p in (name, os.path.join(data_path_prefix or "", name)) if name and os.path.exists(p)), None)
+    """The job config's bert_model_file as given, else under --data_path_prefix; None where neither
+    exists, or the job config names none (the key absent, null or empty)."""
+    if not name:
+        return None
+    return next((p for p in (name, os.path.join(data_path_prefix or "", name)) if os.path.exists(p)), None)
 
 
 def bert_model_config(config):
