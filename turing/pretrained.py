@@ -38,7 +38,7 @@ from turing.kernel_layout import to_transformer_kernel_layout
 from turing.modeling import BertConfigError
 from turing.models import model_config_from_dict, pretraining_model
 from turing.postln import ARCHITECTURE as POSTLN
-from turing.tokenization import (SPECIAL_TOKEN_FILES, TOKENIZER_FILES, BertTokenizer, load_tokenizer,
+from turing.tokenization import (SPECIAL_TOKEN_FILES, TOKENIZER_FILES, BertTokenizer, Tokenizer, load_tokenizer,
                                  tokenizer_file, vocab_digest)
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class TrainedModel:
     tokenizer_file: Optional[str] = None  # a Hugging Face folder's: vocab.txt, else tokenizer.json or vocab.json
     nsp_head: bool = False    # the weights hold a next-sentence head (a BertForPreTraining's, a checkpoint's)
     vocab_ids: Optional[int] = None  # the ids the embedding rows stand for (Tokenizer.model_vocab); rows past them pad
+    tokenizer: Optional[Tokenizer] = None  # of vocab_file, lower-casing as the model's
 
     @property
     def architecture(self):
@@ -76,13 +77,13 @@ class TrainedModel:
         """The model's tokenizer (turing.tokenization: its vocab.txt or tokenizer.json, lower-casing
         as the model's); a folder with neither is one error line (`flag`: how the caller names a
         tokenizer given instead)."""
-        if self.vocab_file is None:
+        if self.tokenizer is None:
             raise ModelSourceError(
                 f"{self.path}: no vocab.txt or tokenizer.json; its tokenizer is "
                 f"{self.tokenizer_file or 'not in the folder'}, which this project (turing.tokenization) cannot read: "
                 f"save it as tokenizer.json (transformers: AutoTokenizer.from_pretrained(FOLDER).save_pretrained("
                 f"FOLDER) writes one), or give a tokenizer whose ids are the model's ({flag})")
-        return load_tokenizer(self.vocab_file, self.do_lower_case)
+        return self.tokenizer
 
     def build(self, random_init=False):
         """The pretraining model of this config, initialised from the current torch RNG state,
@@ -174,7 +175,8 @@ def _check_folder_tokenizer(path, tokenizer, hf_config):
     token at pad_token_id (RoBERTa numbers positions from it; every export writes it)."""
     name, size, rows = os.path.basename(tokenizer.path), tokenizer.vocab_size, hf_config.get("vocab_size")
     wordpiece = isinstance(tokenizer, BertTokenizer)
-    if (size != rows) if wordpiece else not (isinstance(rows, int) and size <= rows):
+    fits = size == rows if wordpiece else isinstance(rows, int) and size <= rows
+    if not fits:
         raise ModelSourceError(f"{path}: {name} has {size} {'tokens' if wordpiece else 'ids'}, config.json vocab_size "
                                f"is {rows}; the embedding rows are the {'vocab' if wordpiece else 'tokenizer'}'s")
     pad = tokenizer.special_tokens["pad"]
@@ -186,18 +188,25 @@ def _check_folder_tokenizer(path, tokenizer, hf_config):
 
 def _open_hf_folder(path, vocab_file):
     """(config, tokenizer file or None, lower-casing, tokenizer file found, holds an NSP head,
-    config.json's vocab_size) of a Hugging Face folder; its weights are not read."""
+    config.json's vocab_size, the folder's own tokenizer checked or None) of a Hugging Face
+    folder; its weights are not read."""
     config, hf_config, names = hf_folder_config(path)
     found = next((os.path.join(path, name) for name in FOLDER_TOKENIZER_FILES
                   if os.path.isfile(os.path.join(path, name))), None)
     do_lower_case = (_json_beside(path, SPECIAL_TOKEN_FILES[1]) or {}).get("do_lower_case", True)
+    tokenizer = None
     if vocab_file is None and found is not None and os.path.basename(found) in TOKENIZER_FILES:
         vocab_file = found
-        try:
-            _check_folder_tokenizer(path, load_tokenizer(vocab_file, do_lower_case), hf_config)
-        except ValueError as e:
-            raise ModelSourceError(str(e)) from None   # it names the file
-    return config, vocab_file, do_lower_case, found, NSP_HEAD_KEY in names, hf_config.get("vocab_size")
+        tokenizer = _tokenizer(vocab_file, do_lower_case)
+        _check_folder_tokenizer(path, tokenizer, hf_config)
+    return config, vocab_file, do_lower_case, found, NSP_HEAD_KEY in names, hf_config.get("vocab_size"), tokenizer
+
+
+def _tokenizer(vocab_file, do_lower_case):
+    try:
+        return load_tokenizer(vocab_file, do_lower_case)
+    except ValueError as e:
+        raise ModelSourceError(str(e)) from None   # it names the file
 
 
 def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
@@ -211,9 +220,9 @@ def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
     kind = kind_of(path)
     vocab_file = tokenizer_file(vocab_file) if vocab_file is not None else None   # a file, or a folder holding one
     cf_config = read_json(config_file, "job config (--cf)", ModelSourceError) if config_file else None
-    job_config = run_args = found = None
+    job_config = run_args = found = tokenizer = None
     if kind == EXPORT:
-        config, vocab_file, do_lower_case, found, nsp_head, config_vocab = _open_hf_folder(path, vocab_file)
+        config, vocab_file, do_lower_case, found, nsp_head, config_vocab, tokenizer = _open_hf_folder(path, vocab_file)
         weights = path
     else:
         weights = resolve_checkpoint_tag_dir(path, tag) if kind == CHECKPOINT else path
@@ -230,13 +239,13 @@ def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
         config_vocab = config.vocab_size
     vocab_ids = None
     if vocab_file is not None:  # else (a folder without a tokenizer we read) config.json's vocab_size, padded
+        tokenizer = tokenizer or _tokenizer(vocab_file, do_lower_case)
         try:
-            tokenizer = load_tokenizer(vocab_file, do_lower_case)
             vocab_ids, config.vocab_size = tokenizer.model_vocab(config_vocab), tokenizer.rows(config_vocab)
         except ValueError as e:
-            raise ModelSourceError(str(e)) from None   # it names the file
+            raise ModelSourceError(str(e)) from None   # it names the file (an empty vocab.txt)
     return TrainedModel(path, kind, os.path.abspath(weights), config, vocab_file, do_lower_case,
-                        cf_config or job_config, run_args, found, nsp_head, vocab_ids)
+                        cf_config or job_config, run_args, found, nsp_head, vocab_ids, tokenizer)
 
 
 def locate(name, data_path_prefix):

@@ -22,6 +22,7 @@ import os
 import re
 
 from turing.errors import InputValueError
+from turing.heldout import output_folder
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +63,6 @@ def find_records(folder):
     return found
 
 
-def _output_folder(set_folder):
-    """The prepare_data output holding a train/ or validation/ folder: its parent."""
-    return os.path.dirname(os.path.normpath(os.path.abspath(set_folder)))
-
-
 def _special_ids(record):
     return {role: entry[1] for role, entry in (record.get("special_tokens") or {}).items()
             if isinstance(entry, list) and len(entry) == 2}
@@ -87,7 +83,7 @@ def check_shard_tokenizer(tokenizer, set_folders):
     prepare_data output records another tokenizer than `tokenizer`; returns the records read
     (none: shards of another tool, nothing to check)."""
     checked = []
-    for folder in dict.fromkeys(_output_folder(f) for f in set_folders):
+    for folder in dict.fromkeys(output_folder(f) for f in set_folders):
         for path, record in find_records(folder):
             why = differs(record, tokenizer)
             if why:
