@@ -30,7 +30,7 @@ from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import BING_SHARD_FILES, holds_bing_validation
 from turing.job_config import job_config_of
-from turing.tokenization import load_vocab
+from turing.tokenization import load_tokenizer
 from turing.process import get_rank_and_world
 
 logger = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                            "(e.g. wiki_pretrain_dataset alone) to train it once", " and ".join(named),
                            next(iter(named.values())), len(named))
 
-        self.vocab = load_vocab(args.vocab_file)
+        self.vocab = load_tokenizer(args.vocab_file)   # the tokenizer: its token strings -> ids, special ids
         self.vocab_index = VocabIndex(self.vocab)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._prefetched = {}  # shard folder -> Future of its TokenizedShard
@@ -155,7 +155,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
 
     @staticmethod
     def validation_dataset(path, args):
-        return open_validation_dataset(path, load_vocab(args.vocab_file), args)
+        return open_validation_dataset(path, load_tokenizer(args.vocab_file), args)
 
     def check_shards(self):
         for folders in self.dataset_folders.values():

@@ -52,7 +52,9 @@ from turing.optim_groups import NO_DECAY_NAMES, decay_groups  # noqa: F401 (NO_D
 from turing.pretrained import check_job_settings, load_into, locate, read_weights
 from turing.reporting import Reporter, write_metrics
 from turing.run_config import RunConfig, RunState, complete_arguments, pld_setting
+from turing.shard_tokenizer import check_shard_tokenizer
 from turing.signals import StopSignals
+from turing.tokenization import load_tokenizer
 from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
@@ -185,16 +187,21 @@ def build_provider(cfg):
 
 def check_run_inputs(cfg, provider):
     """What the run will read, checked before the model is built, so that a bad path or file
-    costs seconds, not an epoch: the layout of every training shard, the validation set (read
+    costs seconds, not an epoch: the layout of every training shard, the tokenizer the shards
+    were made with (prepare_data's record: turing.shard_tokenizer), the validation set (read
     whole; returned, None without one), and the checkpoint a resume will load (there, and its
     files not cut short)."""
     provider.check_shards()
+    validating = bool(cfg.validation_data_path_prefix) and not cfg.finetune
+    validation_folder = os.path.join(cfg.validation_data_path_prefix, _validation_path(cfg)) if validating else None
+    # prepare_data's record of the tokenizer beside the shards (none: shards of another tool, trained as they are)
+    check_shard_tokenizer(load_tokenizer(cfg.vocab_file),
+                          provider.training_folders() + ([validation_folder] if validating else []))
     validation_set = None
-    if cfg.validation_data_path_prefix and not cfg.finetune:
+    if validating:
         validation_set = open_validation_set(cfg)
         if cfg.ranks.is_main:  # with prepare_data's record of its split beside the shards
-            warn_if_validation_trained(provider.training_folders(),
-                                       os.path.join(cfg.validation_data_path_prefix, _validation_path(cfg)))
+            warn_if_validation_trained(provider.training_folders(), validation_folder)
     path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once

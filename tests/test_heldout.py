@@ -67,8 +67,12 @@ def test_validation_documents_in_the_training_shards_are_counted_in_one_warning(
 
 
 def test_shards_without_a_record_say_nothing(data_root, folders, tmp_path, monkeypatch, capsys):
-    """NVIDIA's own shards (the testkit's here) carry no record: nothing is said either way."""
-    assert start_up_warnings(folders, data_root, tmp_path, monkeypatch, capsys, cf=TINY_CFG) == []
+    """NVIDIA's own shards (the testkit's here) carry no record: nothing is said either way. (The
+    run's tokenizer is the validation set's: shards of another one are refused, a record says so.)"""
+    job = json.loads(open(TINY_CFG).read())
+    job["bert_token_file"] = str(folders / "vocab.txt")
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert start_up_warnings(folders, data_root, tmp_path, monkeypatch, capsys, cf=tmp_path / "job.json") == []
     assert heldout.trained_validation_documents([str(data_root / "nvidia" / "128" / "train")],
                                                 str(folders / "validation" / "validation")) is None
     assert heldout.trained_validation_documents([str(folders / "all" / "nvidia" / "train")],

@@ -14,6 +14,7 @@ from tools.prep.journal import WORK_DIR
 from tools.prep.shards import ShardSet
 from tools.prep.tokens import WordCacheTokenizer
 from turing import heldout
+from turing.shard_tokenizer import record_name
 from turing.tokenization import build_fast_tokenizer, load_vocab
 
 WORDS = ("the cat sat on a mat while dog ran to park with ball and bird sang in tree near house "
@@ -529,7 +530,8 @@ def test_crash_leaves_no_partial_shard(data, tmp_path, monkeypatch):
     assert prepare_data.main(argv) == 0
     fresh = tmp_path / "fresh"
     assert prepare_data.main([str(fresh) if a == str(out) else a for a in argv]) == 0
-    assert sorted(os.listdir(out)) == sorted(["stats.json", "train", "vocab.txt", *heldout.manifest_names()])
+    assert sorted(os.listdir(out)) == sorted(["stats.json", "train", "vocab.txt", record_name(),
+                                              *heldout.manifest_names()])
     assert (out / "train" / "o_training_shard0.hdf5").read_bytes() == \
         (fresh / "train" / "fresh_training_shard0.hdf5").read_bytes()
 

@@ -1,6 +1,7 @@
 """Continued pretraining from a stock Hugging Face model: folders built here by transformers from
 small configs (random weights, `save_pretrained` with safetensors, a WordPiece vocab.txt written by
-the test, or a byte-level BPE tokenizer.json trained on the spot) of the classes we import:
+the test, or a byte-level BPE tokenizer.json trained on the spot: tests/test_stock_tokenizers.py)
+of the classes we import:
 BertForMaskedLM and BertForPreTraining (the bert_postln block, turing/postln.py),
 RobertaPreLayerNormForMaskedLM (our pre-LN block) and ModernBertForMaskedLM. Each is opened by
 turing.pretrained, exported back without training with the stock model's logits, trained a few
@@ -67,9 +68,9 @@ HF_CLASSES = {"bert_mlm": "BertForMaskedLM", "bert_pretraining": "BertForPreTrai
               "roberta": "RobertaPreLayerNormForMaskedLM", "modernbert": "ModernBertForMaskedLM"}
 
 
-def stock_folder(kind, folder, vocab_file, dropout=0.0, seed=0, **overrides):
-    """A stock folder of `kind` (random weights, every bias and norm moved off its init so that
-    each parameter's role is compared) with the data's vocab + EXTRA as its vocab.txt."""
+def stock_weights(kind, folder, dropout=0.0, seed=0, **overrides):
+    """A stock folder of `kind` without a tokenizer: random weights, every bias and norm moved off
+    its init so that each parameter's role is compared."""
     torch.manual_seed(seed)
     model = getattr(transformers, HF_CLASSES[kind])(hf_config(kind, dropout, **overrides))
     with torch.no_grad():
@@ -77,6 +78,12 @@ def stock_folder(kind, folder, vocab_file, dropout=0.0, seed=0, **overrides):
             if "bias" in name or "norm" in name.lower():
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+def stock_folder(kind, folder, vocab_file, dropout=0.0, seed=0, **overrides):
+    """A stock folder of `kind` (stock_weights) with the data's vocab + EXTRA as its vocab.txt."""
+    stock_weights(kind, folder, dropout, seed, **overrides)
     lines = open(vocab_file, encoding="utf-8").read().splitlines() + EXTRA
     (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
@@ -247,23 +254,24 @@ def byte_level_bpe(folder, size):
 
 
 @needs_transformers
-def test_a_modernbert_folder_with_only_tokenizer_json_opens_and_names_it(data_root, tmp_path, capsys):
+def test_a_tokenizer_json_that_names_no_special_tokens_is_one_error_line(data_root, tmp_path, capsys):
+    """A ModernBERT folder whose only tokenizer is a bare tokenizer.json (no post-processor, no
+    tokenizer_config.json or special_tokens_map.json beside it) opens to nothing that could say
+    which id is [MASK]: one line, for every reader (tests/test_stock_tokenizers.py: with them, it
+    trains)."""
     folder = tmp_path / "modern_bpe"
     torch.manual_seed(0)
     transformers.ModernBertForMaskedLM(hf_config("modernbert", vocab_size=300)).save_pretrained(str(folder))
     assert byte_level_bpe(folder, 300) <= 300
-    trained = open_trained(str(folder))
-    assert trained.vocab_file is None and trained.tokenizer_file == str(folder / "tokenizer.json")
-    assert trained.architecture == "modernbert" and trained.config.vocab_size == 304  # config.json's 300, padded
-    assert isinstance(trained.build(), ModernForPreTraining)  # the weights fit
-    with pytest.raises(InputValueError, match="no vocab.txt; its tokenizer is .*tokenizer.json, which this project's "
-                                              "tokenizer .* cannot read yet"):
-        trained.require_vocab_file()
+    expected = (f"{folder / 'tokenizer.json'}: names no pad, unk, cls, sep, mask token; a tokenizer.json's special "
+                f"tokens are read from special_tokens_map.json or tokenizer_config.json beside it")
+    with pytest.raises(InputValueError) as error:
+        open_trained(str(folder))
+    assert str(error.value).startswith(expected) and "\n" not in str(error.value), str(error.value)
     job = stock_job(tmp_path, folder)
     line = expect_input_error(capsys, train_in_process, data_root, tmp_path / "out", ds_config(tmp_path),
                               "--use_pretrain", cf=job)
-    assert f"bert_model_file {folder}: no vocab.txt; its tokenizer is {folder / 'tokenizer.json'}" in line, line
-    assert "(the job config's bert_token_file)" in line
+    assert f"bert_model_file {expected}" in line, line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,9 +13,11 @@ pretraining bought.
 
 Scores
 - Pseudo-log-likelihood (PLL, Salazar et al. 2020, "Masked Language Model Scoring") of a sentence:
-  `[CLS] w_1 .. w_n [SEP]` with each WordPiece token w_t replaced by [MASK] in turn (n rows,
-  batched), PLL = sum_t log P(w_t | the other tokens). The distribution is over the vocab file's
-  tokens (the model's padding rows, which no export keeps, are left out), so a checkpoint and its
+  `[CLS] w_1 .. w_n [SEP]` with each token w_t replaced by [MASK] in turn (n rows, batched; the
+  special tokens are the tokenizer's: <s> ... </s> and <mask> for a RoBERTa-style tokenizer.json),
+  PLL = sum_t log P(w_t | the other tokens). The distribution is over the ids the model's rows
+  stand for (the tokenizer's, and those a tokenizer.json model's config pads them to; our padding
+  rows, which no export keeps, are left out), so a checkpoint and its
   Hugging Face export give the same numbers.
 - --pairs: minimal pairs in BLiMP's jsonl layout (Warstadt et al. 2020), one JSON object a line
   with `sentence_good`, `sentence_bad`, `UID` and `pairID` (other fields are ignored): the layout
@@ -77,7 +79,9 @@ def build_parser():
     p.add_argument("--random_init", action="store_true",
                    help="same sizes and vocab as --model, fresh weights (the no-pretraining baseline)")
     p.add_argument("--seed", type=int, default=0, help="seed of the --random_init weights (default 0)")
-    p.add_argument("--vocab_file", default=None, help="vocab.txt to use instead of the model's")
+    p.add_argument("--tokenizer", "--vocab_file", dest="vocab_file", default=None,
+                   help="a tokenizer (vocab.txt, tokenizer.json or a folder holding one) to use instead of the "
+                        "model's (--vocab_file: the older name)")
     p.add_argument("--cf", dest="config_file", default=None,
                    help="job config (bert_config.json) for a state dict file without one beside it")
     p.add_argument("--max_seq_length", type=int, default=128,
@@ -114,8 +118,9 @@ from turing.jsonfile import json_text
 from turing.outputs import content_sha256
 from turing.pretrained import load_into, open_trained, read_weights
 from turing.process import set_seeds
+from turing.shard_tokenizer import check_shard_tokenizer
 from turing.sinks import tensorboard_writer, write_metrics
-from turing.tokenization import BertTokenizer, special_token_ids, vocab_size
+from turing.tokenization import Tokenizer
 
 logger = logging.getLogger("eval_mlm")
 
@@ -154,11 +159,11 @@ def check_args(args):
 @dataclasses.dataclass
 class Scorer:
     model: object                    # a pretraining model of either architecture, eval mode, on `device`
-    tokenizer: BertTokenizer
-    vocab_file: str
-    vocab_real: int                  # the vocab file's size: scores are over ids 0..vocab_real-1
+    tokenizer: Tokenizer             # the model's (turing.tokenization: a vocab.txt's or a tokenizer.json's)
+    vocab_file: str                  # its file
+    vocab_real: int                  # the ids the rows stand for: scores are over ids 0..vocab_real-1
     special: dict                    # {"pad", "unk", "cls", "sep", "mask"} -> id
-    max_tokens: int                  # WordPiece tokens a sequence may hold between [CLS] and [SEP]
+    max_tokens: int                  # tokens a sequence may hold between [CLS] and [SEP]
     device: torch.device
 
 
@@ -170,12 +175,9 @@ def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
     set_seeds(seed)
     model = source.build(random_init=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = BertTokenizer(source.require_vocab_file(), source.do_lower_case)
-    try:
-        special = special_token_ids(tokenizer.vocab)
-    except ValueError as e:
-        raise EvalError(f"vocab file {source.vocab_file}: {e}") from None
-    return Scorer(model.to(device).eval(), tokenizer, source.vocab_file, vocab_size(tokenizer.vocab), special,
+    tokenizer = source.require_tokenizer()
+    special = tokenizer.special   # one error line where the tokenizer lacks one
+    return Scorer(model.to(device).eval(), tokenizer, source.vocab_file, source.vocab_ids, special,
                   source.config.max_position_embeddings - 2, device)
 
 
@@ -224,7 +226,7 @@ def _batches(lengths, batch_tokens):
 
 @torch.inference_mode()
 def token_scores(scorer, sequences, batch_tokens=DEFAULT_BATCH_TOKENS):
-    """Each token of each sequence (WordPiece ids, no special tokens; at most scorer.max_tokens)
+    """Each token of each sequence (token ids, no special tokens; at most scorer.max_tokens)
     masked in turn in `[CLS] ids [SEP]`: per sequence, (log P(token | the rest) as float64, whether
     the token is the argmax), one entry a token."""
     lengths = [len(s) for s in sequences]
@@ -363,11 +365,12 @@ def encode_pairs(scorer, pairs):
     bad = scorer.tokenizer.encode_batch([p.bad for p in pairs])
     for pair, g, b in zip(pairs, good, bad, strict=True):
         for key, ids in (("sentence_good", g), ("sentence_bad", b)):
+            unit = scorer.tokenizer.unit
             if not ids:
-                raise EvalError(f"{pair.file}:{pair.line}: pairID {pair.pair_id}: {key} has no WordPiece token")
+                raise EvalError(f"{pair.file}:{pair.line}: pairID {pair.pair_id}: {key} has no {unit}")
             if len(ids) > scorer.max_tokens:
-                raise EvalError(f"{pair.file}:{pair.line}: pairID {pair.pair_id}: {key} has {len(ids)} WordPiece "
-                                f"tokens; the model takes at most {scorer.max_tokens} between [CLS] and [SEP] "
+                raise EvalError(f"{pair.file}:{pair.line}: pairID {pair.pair_id}: {key} has {len(ids)} {unit}s; "
+                                f"the model takes at most {scorer.max_tokens} between [CLS] and [SEP] "
                                 "(sentences are not cut: shorten or leave out the pair)")
     return list(zip(good, bad))
 
@@ -405,7 +408,7 @@ def read_text(path):
 
 
 def text_windows(scorer, path):
-    """(lines, token windows, lines chunked): each line's WordPiece ids, a line longer than the
+    """(lines, token windows, lines chunked): each line's token ids, a line longer than the
     model takes cut into consecutive windows of the longest length it takes."""
     lines = read_text(path)
     windows, chunked = [], 0
@@ -413,7 +416,7 @@ def text_windows(scorer, path):
         chunked += len(ids) > scorer.max_tokens
         windows += [ids[i:i + scorer.max_tokens] for i in range(0, len(ids), scorer.max_tokens)]
     if not windows:
-        raise EvalError(f"{path}: no WordPiece token in the text")
+        raise EvalError(f"{path}: no {scorer.tokenizer.unit} in the text")
     return lines, windows, chunked
 
 
@@ -439,6 +442,7 @@ def open_validation_set(scorer, path, max_seq_length, max_predictions_per_seq, s
     if not os.listdir(path):
         raise EvalError(f"--validation_set {path}: folder is empty; expected NVIDIA .hdf5 files or Bing shard folders")
     provider = next(p for p in VALIDATION_FORMATS if p.holds_validation_set(path))
+    check_shard_tokenizer(scorer.tokenizer, [path])   # where prepare_data recorded the tokenizer beside them
     settings = ValidationSettings(max_seq_length, max_predictions_per_seq, seed, scorer.vocab_file, scorer.vocab_real)
     return provider.validation_dataset(path, settings)
 

@@ -69,7 +69,8 @@ from turing.jsonfile import read_json
 from turing.models import pretraining_model
 from turing.outputs import earlier_output
 from turing.pretrained import find_vocab_file, model_config_of
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids, vocab_rows, vocab_size
+from turing.job_config import config_vocab_size
+from turing.tokenization import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +153,25 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     return diff
 
 
-def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_length, modern=False):
-    """vocab.txt + configs so AutoTokenizer gives a BertTokenizer with our ids and settings. For
-    the modernbert architecture: no token type ids (the model has no token type embeddings), and
-    tokenizer.json too, since AutoTokenizer reads only that for a ModernBERT config."""
-    shutil.copyfile(vocab_file, os.path.join(output_dir, "vocab.txt"))
+def write_tokenizer_files(output_dir, tokenizer, model_max_length, modern=False):
+    """The tokenizer the checkpoint was trained with, as AutoTokenizer reads it with our ids and
+    settings: a vocab.txt + configs for a BertTokenizer (for the modernbert architecture: no token
+    type ids, the model has none, and tokenizer.json too, since AutoTokenizer reads only that for a
+    ModernBERT config); a tokenizer.json as it was + configs naming its special tokens for a
+    PreTrainedTokenizerFast."""
+    if not isinstance(tokenizer, BertTokenizer):
+        special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
+        shutil.copyfile(tokenizer.path, os.path.join(output_dir, "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(model_max_length),
+                  "clean_up_tokenization_spaces": False, **special}
+        if modern:
+            config["model_input_names"] = ["input_ids", "attention_mask"]
+        for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
+            with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+        return
+    do_lower_case = tokenizer.do_lower_case
+    shutil.copyfile(tokenizer.path, os.path.join(output_dir, "vocab.txt"))
     special = {f"{key}_token": tok for key, tok in SPECIAL_TOKENS.items()}
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
@@ -175,9 +190,9 @@ def write_tokenizer_files(output_dir, vocab_file, do_lower_case, model_max_lengt
     with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump(special, f, indent=2)
     if modern:  # the same WordPiece tokenizer, serialised as transformers builds it from the files above
-        from transformers import BertTokenizer
-        tokenizer = BertTokenizer.from_pretrained(output_dir, local_files_only=True)
-        tokenizer.backend_tokenizer.save(os.path.join(output_dir, "tokenizer.json"))
+        from transformers import BertTokenizer as HFBertTokenizer
+        HFBertTokenizer.from_pretrained(output_dir, local_files_only=True).backend_tokenizer.save(
+            os.path.join(output_dir, "tokenizer.json"))
 
 
 def _readme_head(model):
@@ -268,20 +283,29 @@ def hf_model_of(state_dict, config, vocab_real, ids):
     return model, name, dropped
 
 
-def readme_text(config, name, tag_dir, output_dir, architecture, diff, vocab_real, pad_id, do_lower_case):
+def readme_text(config, name, tag_dir, output_dir, architecture, diff, vocab_real, pad_id, do_lower_case,
+                tokenizer=None):
     common = dict(name=name, checkpoint=tag_dir, folder=output_dir, architecture=architecture,
                   diff="skipped" if diff is None else f"{diff:.2g}", vocab_real=vocab_real,
                   vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size, lower=do_lower_case)
     if config.architecture == "bert_postln":
-        return POSTLN_README.format(**common)
-    if config.architecture == "modernbert":
+        text = POSTLN_README.format(**common)
+    elif config.architecture == "modernbert":
         full = config.layer_types.count("full_attention")
-        return MODERN_README.format(layers=config.num_hidden_layers, full=full,
+        text = MODERN_README.format(layers=config.num_hidden_layers, full=full,
                                     sliding=config.num_hidden_layers - full, window=config.local_attention // 2,
                                     **common)
-    shift = pad_id + 1
-    return README.format(shift=shift, hf_positions=config.max_position_embeddings + shift,
-                         positions=config.max_position_embeddings, **common)
+    else:
+        shift = pad_id + 1
+        text = README.format(shift=shift, hf_positions=config.max_position_embeddings + shift,
+                             positions=config.max_position_embeddings, **common)
+    if tokenizer is None or isinstance(tokenizer, BertTokenizer):
+        return text
+    # a tokenizer.json: its own normaliser and special tokens, in place of the WordPiece lines (the last bullet)
+    special = tokenizer.special_tokens
+    return (text[:text.index("- Tokenizer:")].replace("tokens (vocab.txt)", "ids (tokenizer.json)")
+            + f"- Tokenizer: the checkpoint's tokenizer.json as it was (sha256 {tokenizer.digest[:12]}), "
+              f"{special['cls']} A {special['sep']} B {special['sep']} with its own special tokens.\n")
 
 
 def current_umask():
@@ -316,17 +340,15 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     config = model_config(job_config, state_dict, source)
 
     vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, tag_dir)
-    vocab = load_vocab(vocab_file)
-    vocab_real = vocab_size(vocab)
-    if vocab_real == 0 or vocab_rows(vocab, vocab_file) != config.vocab_size:
-        raise ExportError(f"vocab file {vocab_file} has {vocab_real} tokens, but the checkpoint's embedding has "
-                          f"{config.vocab_size} rows (the vocab size rounded up to a multiple of 8): "
-                          "not the vocab it was trained with")
-    try:
-        ids = special_token_ids(vocab)
-    except ValueError as e:
-        raise ExportError(f"vocab file {vocab_file}: {e}") from None
     do_lower_case = bool((run_args or {}).get("do_lower_case", True))
+    tokenizer = load_tokenizer(vocab_file, do_lower_case)
+    trained_vocab = config_vocab_size((job_config or {}).get("bert_model_config"))
+    vocab_real = tokenizer.model_vocab(trained_vocab)
+    if tokenizer.vocab_size == 0 or tokenizer.rows(trained_vocab) != config.vocab_size:
+        raise ExportError(f"vocab file {vocab_file} has {tokenizer.vocab_size} tokens, but the checkpoint's embedding "
+                          f"has {config.vocab_size} rows (the vocab size rounded up to a multiple of 8): "
+                          "not the vocab it was trained with")
+    ids = tokenizer.special   # one error line where it lacks one
 
     hf_model, architecture, dropped = hf_model_of(state_dict, config, vocab_real, ids)
     diff = verify(state_dict, config, hf_model, vocab_real, ids["pad"]) if check else None
@@ -338,11 +360,11 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     staging = tempfile.mkdtemp(prefix=".export_hf.", dir=output_dir)
     try:
         hf_model.save_pretrained(staging)
-        write_tokenizer_files(staging, vocab_file, do_lower_case, config.max_position_embeddings,
+        write_tokenizer_files(staging, tokenizer, config.max_position_embeddings,
                               modern=config.architecture == "modernbert")
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
             f.write(readme_text(config, (job_config or {}).get("name", "bing_bert"), tag_dir, output_dir,
-                                architecture, diff, vocab_real, ids["pad"], do_lower_case))
+                                architecture, diff, vocab_real, ids["pad"], do_lower_case, tokenizer))
         written = sorted(os.listdir(staging))
         mode = 0o666 & ~current_umask()  # safetensors writes its file 0600: readable as the umask says, like the rest
         for name in written:

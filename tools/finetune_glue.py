@@ -1,7 +1,7 @@
 """Fine-tune a pretrained checkpoint on GLUE (or the offline probe suite) and report dev scores.
 
     python -m tools.finetune_glue --model PATH --task TASK --data_dir DIR --output_dir OUT \
-        [--seeds N] [--epochs E] [--lr LR[,LR...]] [--batch_size B] [--max_seq_length L] [--vocab_file V] \
+        [--seeds N] [--epochs E] [--lr LR[,LR...]] [--batch_size B] [--max_seq_length L] [--tokenizer T] \
         [--bf16] [--overwrite] [--log_level warning]
 
 PATH is one of:
@@ -9,10 +9,14 @@ PATH is one of:
   folder; the model sizes, vocab and lower-casing come from the job_config.json and args.json
   saved beside the checkpoint;
 - a state dict file (.pt/.bin) with the original's key names; sizes and vocab from --cf (a job
-  config) or a job_config.json / args.json beside the file, or --vocab_file;
-- a Hugging Face folder written by tools/export_hf.py (config.json, vocab.txt).
---vocab_file overrides the vocab in every case. --random_init builds a model of the same size
-with fresh weights (the original's --random), the baseline that shows what pretraining gave.
+  config) or a job_config.json / args.json beside the file, or --tokenizer;
+- a Hugging Face folder written by tools/export_hf.py or a stock one (config.json, vocab.txt or
+  tokenizer.json).
+--tokenizer (a vocab.txt, a tokenizer.json or a folder holding one; --vocab_file, its older name)
+overrides the model's tokenizer in every case; a text is `[CLS] A [SEP] B [SEP]` with the
+tokenizer's own special tokens (<s> and </s> for a RoBERTa-style tokenizer.json). --random_init
+builds a model of the same size with fresh weights (the original's --random), the baseline that
+shows what pretraining gave.
 
 TASK: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli (any case), a probe task of
 tools/make_probe_tasks.py (probe_swap, probe_samedoc, probe_order), or `all`: every task folder
@@ -95,7 +99,9 @@ def build_parser():
                         "that held-out part is used (the dev set is never looked at)")
     p.add_argument("--batch_size", type=int, default=32, help="training batch size (default 32)")
     p.add_argument("--max_seq_length", type=int, default=128, help="tokens per example, [CLS]/[SEP] included")
-    p.add_argument("--vocab_file", default=None, help="vocab.txt to use instead of the model's")
+    p.add_argument("--tokenizer", "--vocab_file", dest="vocab_file", default=None,
+                   help="a tokenizer (vocab.txt, tokenizer.json or a folder holding one) to use instead of the "
+                        "model's (--vocab_file: the older name)")
     p.add_argument("--cf", dest="config_file", default=None,
                    help="job config (bert_config.json) for a state dict file without one beside it")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU or GPU); weights stay fp32")
@@ -128,7 +134,6 @@ from turing.outputs import content_sha256
 from turing.pretrained import open_trained
 from turing.process import set_seeds
 from turing.sinks import tensorboard_writer, write_metrics
-from turing.tokenization import BertTokenizer
 
 logger = logging.getLogger("finetune_glue")
 
@@ -249,7 +254,7 @@ def load_task(task, folder, tokenizer, max_seq_length):
         return list(zip(encode(tokenizer, examples, max_seq_length), [e.label for e in examples]))
 
     return TaskData(task, folder, load("train.tsv"), {name: load(name) for name in task.dev_files},
-                    tokenizer.vocab["[PAD]"])
+                    tokenizer.special["pad"])
 
 
 def _loader(items, batch_size, pad_id, regression, shuffle=False, seed=0):
@@ -589,11 +594,11 @@ def finetune(args):
         tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
     check_output_dir(args, tasks, all_tasks)
     source = model_source(args.model, args.vocab_file, args.config_file)
+    tokenizer = source.require_tokenizer()
     kept = finished_tasks(args, tasks, source)
     if args.max_seq_length > source.config.max_position_embeddings:
         raise GlueError(f"--max_seq_length {args.max_seq_length}: the model has only "
                         f"{source.config.max_position_embeddings} positions")
-    tokenizer = BertTokenizer(source.require_vocab_file(), source.do_lower_case)
     # Every file and the weights are read and checked before the first task trains.
     data = [(load_task(task, folder, tokenizer, args.max_seq_length), out) for task, folder, out in tasks]
     if len(args.lr) > 1:

@@ -2,7 +2,7 @@
 its pretraining shards, for tools/eval_mlm.py.
 
     python -m tools.make_minimal_pairs --heldout OUT --output FILE.jsonl [--input CORPUS] [--seed 0] \
-        [--pairs_per_kind 250] [--kinds swap shuffle repeat replace] [--vocab_file VOCAB] \
+        [--pairs_per_kind 250] [--kinds swap shuffle repeat replace] [--tokenizer TOKENIZER] \
         [--min_words 6] [--max_words 20] [--overwrite]
 
 OUT: a tools/prepare_data.py --output_dir made with --validation_fraction. Its record of the split
@@ -29,8 +29,9 @@ Inner words are the letter-only words that are neither first nor last (no capita
 stop moves, as in the probe suite's swaps); replace only touches lower-case words. No corruption
 changes a sentence's length: a pseudo-log-likelihood is a sum over tokens, so a longer bad
 sentence would lose on length alone (a randomly initialised model would "pass"). swap and shuffle
-keep the very tokens; with --vocab_file, repeat and replace keep the WordPiece count too (the
-words moved in have as many pieces as those they replace, lower-cased as the demo's tokenizer).
+keep the very tokens; with --tokenizer (a vocab.txt, a tokenizer.json or a model folder), repeat
+and replace keep its token count too (the words moved in have as many pieces as those they
+replace, inside a sentence: after a space, which a byte-level BPE keeps in the word's first token).
 
 The tool never splits a corpus itself (a split made again drifts from prepare_data's: another
 layout beside the text, another --chunk_size_mb): the old --input CORPUS --validation_fraction F
@@ -50,7 +51,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.prep.filters import recorded_split
-from turing.tokenization import BertTokenizer
+from turing.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,9 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the corruptions")
     p.add_argument("--pairs_per_kind", type=int, default=250, help="pairs of each kind (at most)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kinds of corruption")
-    p.add_argument("--vocab_file", default=None,
-                   help="vocab.txt: repeat and replace then keep the WordPiece count of the sentence")
+    p.add_argument("--tokenizer", "--vocab_file", dest="vocab_file", default=None,
+                   help="the model's tokenizer (vocab.txt, tokenizer.json or a folder holding one): repeat and "
+                        "replace then keep the sentence's token count (--vocab_file: the older name)")
     p.add_argument("--min_words", type=int, default=6, help="shortest sentence used, in words")
     p.add_argument("--max_words", type=int, default=20, help="longest sentence used, in words")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
@@ -162,7 +164,7 @@ CORRUPTIONS = {"swap": swap, "shuffle": shuffle, "repeat": repeat, "replace": re
 
 class Context:
     """What the corruptions need beyond the sentence: word frequencies of the training documents
-    (lower-case letter-only words) and, given a vocab, WordPiece counts."""
+    (lower-case letter-only words) and, given a tokenizer, token counts."""
 
     def __init__(self, train_docs, tokenizer=None, seed=0):
         counts = Counter(w for doc in train_docs for s in doc for w in s.split() if w.isalpha() and w.islower())
@@ -182,7 +184,7 @@ class Context:
 
     def pieces(self, word):
         if word not in self._pieces:
-            self._pieces[word] = len(self.tokenizer.tokenize(word))
+            self._pieces[word] = len(self.tokenizer.encode_batch([word], after_space=True)[0])  # an inner word
         return self._pieces[word]
 
     def same_pieces(self, a, b):
@@ -252,7 +254,7 @@ def make_minimal_pairs(heldout, output, seed=0, pairs_per_kind=250, kinds=KINDS,
     if not held_docs:
         raise MinimalPairsError(f"--heldout {heldout}: prepare_data held no document out (it ran without "
                                 "--validation_fraction, or with one too small for the corpus)")
-    tokenizer = BertTokenizer(vocab_file) if vocab_file else None
+    tokenizer = load_tokenizer(vocab_file) if vocab_file else None
     seen = {s for doc in train_docs for s in doc}
     records = make_pairs(held_docs, numbers, Context(train_docs, tokenizer, seed), kinds, pairs_per_kind, seed,
                          min_words, max_words, seen)

@@ -18,7 +18,11 @@ same text up to case and whitespace) are read once; documents under --min_docume
 dropped; both are counted in OUT/stats.json.
 
 Output folder:
-    OUT/vocab.txt                          the vocab the shards were made with
+    OUT/vocab.txt | OUT/tokenizer.json     the tokenizer the shards were made with (--tokenizer: a WordPiece
+                                           vocab.txt, or a Hugging Face tokenizer.json with
+                                           special_tokens_map.json naming its special tokens)
+    OUT/tokenizer_record.json              which one it is (name, sha256, special ids: turing/shard_tokenizer.py);
+                                           the trainer refuses a run with another tokenizer
     OUT/train/                             the training set
         {prefix}_training_shard{i}.hdf5    --format nvidia (prefix: OUT's name)
         shard_{i:03d}/                     --format bing
@@ -55,6 +59,11 @@ Parts. --num_parts N --part K makes machine K's share: the documents whose hash 
 (duplicates land in the same part), written as shards named by part, so the parts written into
 one folder are one dataset for training.
 
+--tokenizer names the model's own tokenizer: a vocab.txt, a tokenizer.json (byte-level BPE as
+ModernBERT's: each sentence encoded as it stands in its document, a later one with the space before
+it, since such tokens keep it) or a model folder holding one (its vocab.txt first). A tokenizer
+whose tokens a format cannot store is one error line naming what to use instead.
+
 The shards are a function of the input, the vocab and --seed. One caveat: --build_vocab uses
 the `tokenizers` WordPiece trainer, which breaks ties between equally frequent merges in
 hash order, so two trainings on the same text may differ in a few dozen of 8,000 entries;
@@ -70,7 +79,6 @@ import functools
 import logging
 import os
 import resource
-import shutil
 import sys
 import time
 import zlib
@@ -86,10 +94,12 @@ from tools.prep.journal import Journal, run_fingerprint
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
-from tools.prep.vocab import build_vocab, check_vocab
+from tools.prep.vocab import build_vocab, check_tokenizer
 from tools.prep.workers import ChunkProcessor, Settings, WorkerPool, ordered_results
 from turing.signals import StopRequested, StopSignals
-from turing.tokenization import SPECIAL_TOKENS, build_fast_tokenizer, vocab_size
+from turing.shard_tokenizer import record_name, record_text
+from turing.tokenization import (SPECIAL_TOKENS, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB_TXT, folder_lower_case,
+                                 is_tokenizer_json, tokenizer_file)
 
 logger = logging.getLogger(__name__)
 
@@ -131,16 +141,19 @@ def build_parser():
                    help="nvidia: hdf5 shards with static masking; bing: numpy token-string shards")
     p.add_argument("--bing_layout", choices=["separator", "offsets"], default="separator",
                    help="bing: tokens split by byte 0x1f, or located by token_offsets.npy")
-    p.add_argument("--vocab_file", default=None, help="an existing BERT vocab.txt")
+    p.add_argument("--tokenizer", "--vocab_file", dest="vocab_file", default=None,
+                   help="the model's tokenizer: a WordPiece vocab.txt, a Hugging Face tokenizer.json, or a model "
+                        "folder holding one (--vocab_file: the older name)")
     p.add_argument("--build_vocab", type=int, default=None, metavar="N",
                    help="train a WordPiece vocab of about N entries on the input instead "
                         "(written to OUT/vocab.txt; may differ slightly between runs)")
     p.add_argument("--vocab_sample_mb", type=float, default=100,
                    help="--build_vocab trains on a seeded sample of this much text of a larger or non-text corpus")
-    p.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
-                   help="lower-case and strip accents (uncased vocab)")
-    p.add_argument("--no_lower_case", dest="do_lower_case", action="store_false",
-                   help="keep case and accents (cased vocab)")
+    p.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=None,
+                   help="vocab.txt: lower-case and strip accents (uncased vocab; the default, unless the "
+                        "tokenizer_config.json beside it says otherwise)")
+    p.add_argument("--no_lower_case", dest="do_lower_case", action="store_false", default=None,
+                   help="vocab.txt: keep case and accents (cased vocab)")
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--max_predictions_per_seq", type=int, default=20,
                    help="cap on masked positions per sequence (nvidia)")
@@ -188,14 +201,14 @@ def validate_args(args):
     if args.chunk_size_mb <= 0:
         raise PrepareDataError(f"--chunk_size_mb {args.chunk_size_mb}: must be positive")
     if (args.vocab_file is None) == (args.build_vocab is None):
-        raise PrepareDataError("give exactly one of --vocab_file VOCAB and --build_vocab N")
+        raise PrepareDataError("give exactly one of --tokenizer TOKENIZER and --build_vocab N")
     if args.build_vocab is not None and args.build_vocab <= len(SPECIAL_TOKENS):
         raise PrepareDataError(f"--build_vocab {args.build_vocab}: must be larger than {len(SPECIAL_TOKENS)}")
     if args.num_parts < 1 or not 0 <= args.part < args.num_parts:
         raise PrepareDataError(f"--num_parts {args.num_parts} --part {args.part}: need N >= 1 and 0 <= K < N")
     if args.num_parts > 1 and args.build_vocab is not None:
         raise PrepareDataError("--build_vocab with --num_parts: every part needs the same vocab; build it once "
-                               "(a run with --build_vocab, or tools.prepare_data on a sample) and give --vocab_file")
+                               "(a run with --build_vocab, or tools.prepare_data on a sample) and give --tokenizer")
     if args.min_document_words < 0:
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
@@ -228,12 +241,13 @@ def check_output_dir(args, resuming=False, part_tag=None):
     if found:
         raise PrepareDataError(f"--output_dir {out} already holds shards ({found[0]}, ...); "
                                "pass --overwrite to replace them")
-    vocab_out = os.path.join(out, "vocab.txt")
-    if os.path.exists(vocab_out) and (
-            args.build_vocab is not None or not (_same_file(args.vocab_file, vocab_out)
-                                                 or filecmp.cmp(args.vocab_file, vocab_out, shallow=False))):
-        raise PrepareDataError(f"--output_dir {out} already holds a different vocab.txt; "
-                               "pass --overwrite to replace it")
+    own = TOKENIZER_JSON if args.vocab_file and is_tokenizer_json(args.vocab_file) else VOCAB_TXT
+    for name in TOKENIZER_FILES:
+        there = os.path.join(out, name)
+        if os.path.exists(there) and (name != own or args.build_vocab is not None or not (
+                _same_file(args.vocab_file, there) or filecmp.cmp(args.vocab_file, there, shallow=False))):
+            raise PrepareDataError(f"--output_dir {out} already holds a different {name}; "
+                                   "pass --overwrite to replace it")
 
 
 def _same_file(a, b):
@@ -246,9 +260,9 @@ def prepare(args, signals=None):
     signals = signals or StopSignals()
     start = time.perf_counter()
     validate_args(args)
+    given = args.vocab_file
+    args = resolved_tokenizer(args)
     sources = input_sources(args)
-    if args.vocab_file is not None and not os.path.isfile(args.vocab_file):
-        raise InputNotFoundError(f"--vocab_file {args.vocab_file}: no such file")
     out = args.output_dir
     parts = args.num_parts > 1
     part_tag = f"part{args.part:03d}_" if parts else ""
@@ -267,16 +281,16 @@ def prepare(args, signals=None):
         chunk_bytes = int(args.chunk_size_mb * 2**20)
         options = read_options(args)
         vocab_file = build_vocab(args, sources, options, journal, signals) if args.build_vocab is not None else args.vocab_file
-        vocab, special = check_vocab(vocab_file, args.format, args.bing_layout)
-        # Id -> token from the file's lines (load_vocab's dict keeps one id per repeated line);
-        # random replacement ids span every line, as the model's rows do (vocab_size).
-        with open(vocab_file, encoding="utf-8") as f:
-            tokens_by_id = [line.rstrip() for line in f]
-        settings = worker_settings(args, vocab, special)
-        # Built here, before the workers fork, so they inherit its one-time set-up.
-        tokenizer = build_fast_tokenizer(vocab_file, do_lower_case=args.do_lower_case)
+        tokenizer = check_tokenizer(vocab_file, args.format, args.bing_layout, args.do_lower_case)
+        # named as --tokenizer names it, or by its copy in OUT, where a trained one stays
+        tokenizer.name = given if args.build_vocab is None else os.path.join(out, VOCAB_TXT)
+        # Id -> token (a vocab.txt's lines: load_vocab's dict keeps one id per repeated line);
+        # random replacement ids span every id, as the model's rows do (vocab_size).
+        tokens_by_id = tokenizer.tokens_by_id()
+        settings = worker_settings(args, tokenizer)
+        tokenizer.encode("")   # its encoder built here, before the workers fork, so they inherit the set-up
         summary = Summary(output_dir=out, fmt=args.format, input_bytes=sum(s.size for s in sources),
-                          part=f"{args.part} of {args.num_parts}" if parts else "")
+                          part=f"{args.part} of {args.num_parts}" if parts else "", tokenizer=tokenizer.record())
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
         if args.workers > 1:
@@ -307,11 +321,11 @@ def prepare(args, signals=None):
             pool = None
         summary.read = read_counts(documents, keep)
 
-        _finish_sets(summary, shard_sets, args.input, tokens_by_id, args.do_lower_case)
+        _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
         record.finish(args, keep.read + keep.other_parts)
-        _install(out, tmp, vocab_file, shard_sets, part_tag, record)
+        _install(out, tmp, tokenizer, shard_sets, part_tag, record, args.part if parts else None)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
@@ -351,14 +365,30 @@ def read_options(args):
                        skip_bad_records=args.skip_bad_records)
 
 
-def worker_settings(args, vocab, special):
-    """What the workers need of the flags and the vocab to make a chunk's arrays."""
+def resolved_tokenizer(args):
+    """`args` with --tokenizer as its file (a folder's vocab.txt, else its tokenizer.json) and
+    --do_lower_case as a vocab.txt's folder says where no flag does (its tokenizer_config.json;
+    else on, as for --build_vocab; a tokenizer.json's normalizer needs none)."""
+    path, lower = args.vocab_file, args.do_lower_case
+    if path is not None:
+        try:
+            path = tokenizer_file(path)
+        except FileNotFoundError as e:
+            raise InputNotFoundError(f"--tokenizer {e}") from None
+    if lower is None and not (path and is_tokenizer_json(path)):
+        lower = folder_lower_case(path) if path else True
+    return argparse.Namespace(**{**vars(args), "vocab_file": path, "do_lower_case": lower})
+
+
+def worker_settings(args, tokenizer):
+    """What the workers need of the flags and the tokenizer to make a chunk's arrays."""
+    special = tokenizer.special
     return Settings(
         fmt=args.format, bing_layout=args.bing_layout, max_seq_length=args.max_seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         validation_masked_lm_prob=args.validation_masked_lm_prob,
         short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, seed=args.seed,
-        vocab_size=vocab_size(vocab), cls_id=special["cls"], sep_id=special["sep"],
+        vocab_size=tokenizer.vocab_size, cls_id=special["cls"], sep_id=special["sep"],
         mask_id=special["mask"], unk_id=special["unk"], min_document_words=args.min_document_words)
 
 
@@ -413,6 +443,8 @@ UNK_WARNING = 0.01
 
 def unk_cause(tokens_by_id, do_lower_case):
     """The likely reason for many [UNK]s, from the vocab's case and the lower-casing flag."""
+    if do_lower_case is None:   # a tokenizer.json: its normalizer does what it does
+        return "the text is in another language or script than the tokenizer's, or the tokenizer is the wrong one"
     words = [t for t in tokens_by_id if t.isalpha()]
     cased = sum(t != t.lower() for t in words) > 0.05 * max(len(words), 1)
     if not do_lower_case and not cased:
@@ -420,15 +452,22 @@ def unk_cause(tokens_by_id, do_lower_case):
     if do_lower_case and cased:
         return "a cased vocab with lower-casing on: add --no_lower_case"
     return ("the text is in another language or script than the vocab's, or the vocab is the wrong one "
-            "(--vocab_file; --build_vocab trains one on this corpus)")
+            "(--tokenizer; --build_vocab trains one on this corpus)")
 
 
-def _install(out, tmp, vocab_file, shard_sets, part_tag, record):
-    """Everything is complete: move the vocab, the shards and the record of the split from `tmp`
-    into place (with parts, only this part's shards are replaced)."""
-    if not _same_file(vocab_file, os.path.join(out, "vocab.txt")):
-        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt.final"))
-        os.replace(os.path.join(tmp, "vocab.txt.final"), os.path.join(out, "vocab.txt"))
+def _install(out, tmp, tokenizer, shard_sets, part_tag, record, part=None):
+    """Everything is complete: move the tokenizer's files (a copy that opens to the same tokenizer)
+    and its record, the shards and the record of the split from `tmp` into place (with parts, only
+    this part's shards are replaced)."""
+    files = {**tokenizer.files(), record_name(part): record_text(tokenizer).encode()}
+    for name, data in files.items():
+        if not _same_file(tokenizer.path, os.path.join(out, name)):
+            with open(os.path.join(tmp, name + ".final"), "wb") as f:
+                f.write(data)
+            os.replace(os.path.join(tmp, name + ".final"), os.path.join(out, name))
+    for name in set(TOKENIZER_FILES) - set(files):   # another kind's, replaced (--overwrite: check_output_dir)
+        if os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     for shard_set in shard_sets.values():
         shard_set.install()
     if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)

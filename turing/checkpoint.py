@@ -42,7 +42,6 @@ from turing.kernel_layout import from_transformer_kernel_layout
 logger = logging.getLogger(__name__)
 
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"  # ZeRO stages 0-2: the whole module, model-parallel rank 0
-VOCAB_COPY = "vocab.txt"        # the vocab the checkpoint was trained with, beside its files
 ZERO3_MODEL_STATES_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO stage 3: rank 0's partition
 COMPLETE_MARKER = "checkpoint_complete.json"
 ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt

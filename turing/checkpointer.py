@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, VOCAB_COPY, check_weights_only, complete_tags, engine_tags,
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, check_weights_only, complete_tags, engine_tags,
                                holds_checkpoints, none_loadable, not_loadable, prune_interval_checkpoints,
                                resume_candidates, sync_folder, weights_only_loads, write_atomic)
 from turing.distributed import all_ranks, all_reduce, barrier
@@ -33,6 +33,7 @@ from turing.epoch_plan import EpochPlan
 from turing.errors import InputError, InputValueError, StopTraining
 from turing.process import set_seeds
 from turing.run_config import RunState
+from turing.tokenization import load_tokenizer
 
 logger = logging.getLogger("bing_bert")
 
@@ -200,14 +201,15 @@ def write_engine_checkpoint(engine, path, tag, client_state):
 
 
 def save_run_files(cfg, folder):
-    """The job config, the resolved arguments, the DeepSpeed config and a copy of the vocab next
-    to a checkpoint (rank 0), on disk: what an export or a fine-tuning run needs of the run."""
+    """The job config, the resolved arguments, the DeepSpeed config and a copy of the tokenizer
+    (its vocab.txt, or its tokenizer.json and special_tokens_map.json: Tokenizer.files) next to a
+    checkpoint (rank 0), on disk: what an export or a fine-tuning run needs of the run."""
     os.makedirs(folder, exist_ok=True)
     for name, content in (("job_config.json", cfg.config), ("args.json", cfg.arguments),
                           ("ds_config.json", cfg.ds_config)):
         write_atomic(os.path.join(folder, name), json.dumps(content, indent=2, default=str))
-    with open(cfg.vocab_file, "rb") as f:
-        write_atomic(os.path.join(folder, VOCAB_COPY), f.read())
+    for name, data in load_tokenizer(cfg.vocab_file).files().items():
+        write_atomic(os.path.join(folder, name), data)
 
 
 def parameters_finite(engine):

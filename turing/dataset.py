@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import BING_OFFSET_FILES, BING_SEPARATOR, BING_SHARD_FILES, is_bing_shard
-from turing.tokenization import load_vocab, special_token_ids, vocab_size
+from turing.tokenization import load_tokenizer, vocab_of
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,8 @@ class BingShard:
 
 
 class VocabIndex:
-    """Exact, vectorised lookup of token byte strings in a WordPiece vocab.
+    """Exact, vectorised lookup of token byte strings in a tokenizer's vocab (a Tokenizer, or a
+    WordPiece vocab dict: turing.tokenization.vocab_of).
 
     Every vocab token is packed into little-endian uint64 words (zero padded) and hashed into
     an open-addressing table (load <= 1/4, linear probing). A data token is looked up by its
@@ -203,7 +204,8 @@ class VocabIndex:
     """
 
     def __init__(self, vocab):
-        self.unk_id = special_token_ids(vocab)["unk"]
+        vocab, special, _ = vocab_of(vocab)
+        self.unk_id = special["unk"]
         tokens = [t.encode("utf-8") for t in vocab]
         self.row_ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
         # Every rank keeps a whole shard's ids in memory: 2 bytes a token for BERT-sized vocabs.
@@ -406,9 +408,8 @@ class BingPretrainDataset(Dataset):
         if max_seq_length < 3:
             raise InputValueError(f"max_seq_length must be at least 3 for [CLS] A [SEP] B [SEP]; got {max_seq_length}")
         self.shard = shard
-        special = special_token_ids(vocab)
+        _, special, self.vocab_size = vocab_of(vocab)   # a Tokenizer, or a WordPiece vocab dict
         self.cls_id, self.sep_id, self.mask_id = special["cls"], special["sep"], special["mask"]
-        self.vocab_size = vocab_size(vocab)
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
         self.seed = seed
@@ -529,15 +530,15 @@ def open_validation_dataset(path, vocab, args):
 
 
 def describe_shard(folder, vocab_file=None, count=3, max_seq_length=128, max_predictions_per_seq=20, seed=42):
-    """Lines showing the first `count` instances of a shard (and their masked rows given a vocab)."""
+    """Lines showing the first `count` instances of a shard (and their masked rows given its tokenizer)."""
     shard = BingShard(folder)
     lines = [f"{folder}: {len(shard)} instances, {len(shard.data)} bytes, {shard.layout} layout"]
     for i in range(min(count, len(shard))):
         a, b, is_next = shard.instance(i)
         lines.append(f"[{i}] is_next={is_next}  A: {' '.join(a)}  |  B: {' '.join(b)}")
     if vocab_file:
-        vocab = load_vocab(vocab_file)
-        inv = {i: t for t, i in vocab.items()}
+        vocab = load_tokenizer(vocab_file)
+        inv = vocab.ids_to_tokens
         dataset = BingPretrainDataset(tokenize_shard(shard, VocabIndex(vocab)), vocab, max_seq_length,
                                       max_predictions_per_seq, seed)
         batch = dataset.build_batch(list(range(min(count, len(shard)))))
@@ -553,7 +554,9 @@ def describe_shard(folder, vocab_file=None, count=3, max_seq_length=128, max_pre
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Print a few decoded instances of a Bing shard folder")
     parser.add_argument("folder")
-    parser.add_argument("--vocab", default=None, help="vocab.txt: also show masked model inputs")
+    parser.add_argument("--vocab", "--tokenizer", dest="vocab", default=None,
+                        help="the tokenizer (vocab.txt, tokenizer.json or a folder holding one): also show masked "
+                             "model inputs")
     parser.add_argument("--count", type=int, default=3)
     parser.add_argument("--max_seq_length", type=int, default=128)
     args = parser.parse_args(argv)

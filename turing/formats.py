@@ -165,3 +165,21 @@ def is_bing_shard(folder):
 def holds_bing_validation(path):
     """Whether the folder is a Bing shard folder or holds one (a validation set of this format)."""
     return is_bing_shard(path) or any(is_bing_shard(os.path.join(path, d)) for d in os.listdir(path))
+
+
+def token_storage_problem(vocab, fmt, bing_layout="separator"):
+    """Why a tokenizer's tokens (`vocab`: token -> id) cannot be stored in shard format `fmt`, with
+    the format or layout to use instead; None where they can. NVIDIA hdf5 stores ids, any
+    tokenizer's; a Bing shard stores token strings, which the reader maps back to ids: each must
+    be a non-empty string, and free of the separator byte 0x1f in the separator layout."""
+    if fmt != "bing":
+        return None
+    empty = [i for t, i in vocab.items() if t == ""]
+    if empty:
+        return (f"id {empty[0]} is the empty string, which a Bing shard cannot store (its reader knows tokens by "
+                f"their strings); use --format nvidia, which stores ids")
+    if bing_layout == "separator":
+        bad = next((t for t in vocab if chr(BING_SEPARATOR) in t), None)
+        if bad is not None:
+            return f"token {bad!r} holds the separator byte 0x1f; use --bing_layout offsets"
+    return None

@@ -223,11 +223,12 @@ def label_string(task, prediction):
 
 
 def encode(tokenizer, examples, max_seq_length):
-    """[(input_ids, segment_ids)] of `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`, the pair cut to
-    fit from the end of the longer segment (the original's _truncate_seq_pair)."""
+    """[(input_ids, segment_ids)] of `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` (the tokenizer's own
+    special tokens: turing.tokenization.Tokenizer.special), the pair cut to fit from the end of
+    the longer segment (the original's _truncate_seq_pair)."""
     if max_seq_length < 3:
         raise GlueError(f"--max_seq_length {max_seq_length}: needs room for [CLS] and two [SEP]")
-    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    cls_id, sep_id = tokenizer.special["cls"], tokenizer.special["sep"]
     ids_a = tokenizer.encode_batch([e.text_a for e in examples])
     pairs = examples[0].text_b is not None
     ids_b = tokenizer.encode_batch([e.text_b for e in examples]) if pairs else [[]] * len(examples)

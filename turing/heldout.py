@@ -145,7 +145,7 @@ def read_manifest(folder, flag="--heldout"):
     return manifest
 
 
-def _output_folder(set_folder):
+def output_folder(set_folder):
     """The prepare_data output holding a train/ or validation/ folder: its parent."""
     return os.path.dirname(os.path.normpath(os.path.abspath(set_folder)))
 
@@ -154,8 +154,8 @@ def trained_validation_documents(training_folders, validation_folder):
     """(validation documents found among the training documents, validation documents, records
     read) by the records beside the folders; None where the validation set or every training
     folder has none (shards made by another tool: nothing to say)."""
-    validation = find_manifest(_output_folder(validation_folder))
-    training = [m for m in (find_manifest(_output_folder(f)) for f in training_folders) if m is not None]
+    validation = find_manifest(output_folder(validation_folder))
+    training = [m for m in (find_manifest(output_folder(f)) for f in training_folders) if m is not None]
     if validation is None or not training:
         return None
     held = validation.heldout_keys()

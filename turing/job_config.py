@@ -4,7 +4,7 @@ everywhere else (the trainer, the providers, the checkpointer, the LR schedules)
 parser looks a key up in the raw dict.
 
     name                      the run name (--job_name overrides it)
-    bert_token_file           the vocab (a vocab.txt, or a folder holding one)
+    bert_token_file           the tokenizer (a vocab.txt, a tokenizer.json, or a folder holding one)
     bert_model_file           pretrained weights (--use_pretrain)
     bert_model_config         the model sizes and architecture (turing.models.model_config_from_dict)
     data.format               "nvidia" or "bing" (default: --use_nvidia_dataset's choice)
@@ -104,3 +104,10 @@ def bert_model_config_of(args):
     if job is not None:
         return job.bert_model_config
     return (getattr(args, "config", None) or {}).get("bert_model_config")
+
+
+def config_vocab_size(model_config):
+    """The vocab size a bert_model_config dict gives (under either of its names), or None: the
+    model's rows with a tokenizer.json where larger than its ids (Tokenizer.rows)."""
+    value = (model_config or {}).get("vocab_size", (model_config or {}).get("vocab_size_or_config_json_file"))
+    return value if isinstance(value, int) else None

@@ -5,8 +5,9 @@ pretraining model: "bert", the original's `BertForPreTrainingPreLN`, the default
 `turing.modern.ModernForPreTraining`; "bert_postln", `turing.postln.BertForPreTrainingPostLN`,
 Hugging Face's post-LN BertModel), `model_config_from_dict` and `pretraining_model`, which
 every tool builds through; building the model from the job config's `bert_model_config` and the
-vocab file (the vocab size is the file's, rounded up to a multiple of 8, whatever the config
-says), the device the batches go to, and plain state-dict save/load of the network.
+tokenizer file (the vocab size is the tokenizer's, rounded up to a multiple of 8: `Tokenizer.rows`,
+a vocab.txt's whatever the config says), the device the batches go to, and plain state-dict
+save/load of the network.
 After `deepspeed.initialize` the training script replaces `.network` by the engine; the
 methods here work with either.
 """
@@ -23,7 +24,7 @@ from turing.modern import ModernConfig, ModernForPreTraining
 from turing.postln import BertForPreTrainingPostLN, PostLNConfig
 from turing.job_config import bert_model_config_of
 from turing.speedups import apply_speedups
-from turing.tokenization import load_vocab, vocab_rows, vocab_size
+from turing.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,11 @@ class BertMultiTask:
         if model_config is None:
             raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
         self.config = model_config_from_dict(model_config)
-        vocab = load_vocab(args.vocab_file)
-        # One row per vocab line (repeated lines included), padded to 8 for tensor-core friendly shapes.
-        self.config.vocab_size = vocab_rows(vocab, args.vocab_file)
-        logger.info("Model vocab size %d (vocab file %s has %d tokens)",
-                    self.config.vocab_size, args.vocab_file, vocab_size(vocab))
+        tokenizer = load_tokenizer(args.vocab_file)
+        # One row per id (a vocab.txt's lines, repeated ones included), padded to 8 for tensor-core friendly shapes.
+        self.config.vocab_size = tokenizer.rows(self.config.vocab_size)
+        logger.info("Model vocab size %d (tokenizer %s has %d ids)",
+                    self.config.vocab_size, args.vocab_file, tokenizer.vocab_size)
         self.network = pretraining_model(self.config, args)
         self.device = torch.device("cpu")
 

@@ -8,15 +8,16 @@ A trained model is one of:
 - a Hugging Face folder (`save_pretrained`'s layout, safetensors only): written by
   tools/export_hf.py, or a stock model: RobertaPreLayerNormForMaskedLM (our "bert" block),
   BertForMaskedLM or BertForPreTraining ("bert_postln"), ModernBertForMaskedLM ("modernbert").
-  Sizes and architecture come from its config.json (turing.hf_convert), the vocab from its
-  vocab.txt, whose size must be config.json's vocab_size and whose [PAD] its pad_token_id. A
-  folder without vocab.txt (a stock ModernBERT or RoBERTa: tokenizer.json, vocab.json) still
-  opens: its vocab_size is config.json's, `tokenizer_file` names its tokenizer, and
-  `require_vocab_file` is the one error line of a reader that needs a WordPiece vocab.
+  Sizes and architecture come from its config.json (turing.hf_convert), the tokenizer from its
+  vocab.txt, whose size must be config.json's vocab_size and whose [PAD] its pad_token_id, else
+  from its tokenizer.json (a stock ModernBERT's), whose ids must fit config.json's vocab_size
+  (rows past them are padding the model keeps) and whose pad token its pad_token_id. A folder
+  with neither (a RoBERTa's vocab.json and merges.txt) still opens: `tokenizer_file` names what
+  it has, and `require_tokenizer` is the one error line of a reader that needs the tokenizer.
 
 `open_trained(path, vocab_file, config_file)` says what it is: a TrainedModel with its kind, its
-config (sizes and architecture, vocab_size the rows its vocab gives: `vocab_rows`), its vocab file
-and lower-casing, and whether its weights hold a next-sentence head. `TrainedModel.build()` is the
+config (sizes and architecture, vocab_size the rows its tokenizer gives: `Tokenizer.rows`), its
+tokenizer file and lower-casing, and whether its weights hold a next-sentence head. `TrainedModel.build()` is the
 model with those weights (or, random_init, its twin with fresh ones); `read_weights` and
 `load_into` are the two halves of that for a model built elsewhere (the trainer's engine). Every
 file is read weights-only and every tensor must be finite (turing.checkpoint); only the pooler and
@@ -28,8 +29,7 @@ import logging
 import os
 from typing import Optional
 
-from turing.checkpoint import (VOCAB_COPY, load_checkpoint_state, read_state_dict_file,
-                               resolve_checkpoint_tag_dir)
+from turing.checkpoint import load_checkpoint_state, read_state_dict_file, resolve_checkpoint_tag_dir
 from turing.errors import InputValueError
 from turing.hf_convert import OPTIONAL_KEYS, hf_folder_config, is_hf_folder, load_hf_folder
 from turing.job_config import NSP_ARCHITECTURES
@@ -38,13 +38,14 @@ from turing.kernel_layout import to_transformer_kernel_layout
 from turing.modeling import BertConfigError
 from turing.models import model_config_from_dict, pretraining_model
 from turing.postln import ARCHITECTURE as POSTLN
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, vocab_digest, vocab_rows, vocab_size
+from turing.tokenization import (SPECIAL_TOKEN_FILES, TOKENIZER_FILES, BertTokenizer, Tokenizer, load_tokenizer,
+                                 tokenizer_file, vocab_digest)
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT, STATE_DICT, EXPORT = "checkpoint", "state_dict", "export"  # EXPORT: any Hugging Face folder
-# a Hugging Face folder's tokenizer files, the one our tokenizer reads first
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json")
+# a Hugging Face folder's tokenizer files, in the order they name its tokenizer (a vocab.json: one we cannot read)
+FOLDER_TOKENIZER_FILES = (*TOKENIZER_FILES, "vocab.json")
 NSP_HEAD_KEY = "cls.seq_relationship.weight"
 
 
@@ -57,27 +58,32 @@ class TrainedModel:
     path: str                 # as given
     kind: str                 # CHECKPOINT, STATE_DICT or EXPORT
     weights: str              # what the weights are read from: the file, the tag folder or the export folder
-    config: object            # BertConfig, PostLNConfig or ModernConfig; vocab_size = vocab_rows of the vocab file
-    vocab_file: Optional[str]  # None: a Hugging Face folder without vocab.txt (tokenizer_file names its tokenizer)
+    config: object            # BertConfig, PostLNConfig or ModernConfig; vocab_size = the rows of its tokenizer
+    vocab_file: Optional[str]  # the tokenizer file (vocab.txt or tokenizer.json); None: a Hugging Face folder
+                               # with neither (tokenizer_file names what it has)
     do_lower_case: bool
     job_config: Optional[dict] = None   # a checkpoint's job_config.json (or --cf's)
     run_args: Optional[dict] = None     # a checkpoint's args.json
     tokenizer_file: Optional[str] = None  # a Hugging Face folder's: vocab.txt, else tokenizer.json or vocab.json
     nsp_head: bool = False    # the weights hold a next-sentence head (a BertForPreTraining's, a checkpoint's)
+    vocab_ids: Optional[int] = None  # the ids the embedding rows stand for (Tokenizer.model_vocab); rows past them pad
+    tokenizer: Optional[Tokenizer] = None  # of vocab_file, lower-casing as the model's
 
     @property
     def architecture(self):
         return self.config.architecture
 
-    def require_vocab_file(self, flag="--vocab_file"):
-        """The WordPiece vocab.txt to tokenize with; a folder whose tokenizer is another file is one
-        error line (`flag`: how the caller names a vocab given instead)."""
-        if self.vocab_file is None:
+    def require_tokenizer(self, flag="--tokenizer"):
+        """The model's tokenizer (turing.tokenization: its vocab.txt or tokenizer.json, lower-casing
+        as the model's); a folder with neither is one error line (`flag`: how the caller names a
+        tokenizer given instead)."""
+        if self.tokenizer is None:
             raise ModelSourceError(
-                f"{self.path}: no vocab.txt; its tokenizer is {self.tokenizer_file or 'not in the folder'}, which "
-                f"this project's tokenizer (turing.tokenization: a WordPiece vocab.txt) and data tools cannot read "
-                f"yet; give a vocab.txt whose ids are the model's ({flag})")
-        return self.vocab_file
+                f"{self.path}: no vocab.txt or tokenizer.json; its tokenizer is "
+                f"{self.tokenizer_file or 'not in the folder'}, which this project (turing.tokenization) cannot read: "
+                f"save it as tokenizer.json (transformers: AutoTokenizer.from_pretrained(FOLDER).save_pretrained("
+                f"FOLDER) writes one), or give a tokenizer whose ids are the model's ({flag})")
+        return self.tokenizer
 
     def build(self, random_init=False):
         """The pretraining model of this config, initialised from the current torch RNG state,
@@ -106,16 +112,25 @@ def model_config_of(job_config, source):
 def _vocab_candidates(token_file, bases):
     for base in bases:
         path = token_file if base is None else os.path.join(base, token_file)
-        yield os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
+        if os.path.isdir(path):
+            try:
+                yield tokenizer_file(path)
+            except FileNotFoundError:
+                yield os.path.join(path, TOKENIZER_FILES[0])
+        else:
+            yield path
 
 
 def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
-    """The vocab the checkpoint in `folder` was trained with: its copy beside the checkpoint
-    (vocab.txt, written since the checkpoints record it), else args.json's vocab_file if it
-    exists and, where args.json records its sha256, is that file; else bert_token_file of --cf
-    (or of the saved job config) as given, next to --cf, or under the run's --data_path_prefix."""
-    if folder is not None and os.path.isfile(os.path.join(folder, VOCAB_COPY)):
-        return os.path.join(folder, VOCAB_COPY)
+    """The tokenizer file the checkpoint in `folder` was trained with: its copy beside the
+    checkpoint (vocab.txt or tokenizer.json, written since the checkpoints record it), else
+    args.json's vocab_file if it exists and, where args.json records its sha256, is that file;
+    else bert_token_file of --cf (or of the saved job config) as given, next to --cf, or under the
+    run's --data_path_prefix."""
+    copy = next((os.path.join(folder, n) for n in TOKENIZER_FILES if folder is not None
+                 and os.path.isfile(os.path.join(folder, n))), None)
+    if copy is not None:
+        return copy
     tried = []
     saved = (run_args or {}).get("vocab_file")
     digest = (run_args or {}).get("vocab_sha256")
@@ -138,7 +153,8 @@ def find_vocab_file(run_args, job_config, cf_config, cf_path, folder=None):
                 return path
             tried.append(path)
     raise ModelSourceError("vocab file not found: tried " + (", ".join(dict.fromkeys(tried)) or "nothing")
-                           + "; pass --cf with a bert_token_file that exists (a vocab.txt or a folder holding one)")
+                           + "; pass --cf with a bert_token_file that exists (a vocab.txt, a tokenizer.json or a "
+                             "folder holding one)")
 
 
 def kind_of(path):
@@ -153,44 +169,60 @@ def kind_of(path):
                            f"(.pt/.bin) or a Hugging Face folder (an export, or a stock model with config.json)")
 
 
-def _check_folder_vocab(path, vocab_file, hf_config):
-    """A Hugging Face folder's vocab.txt must be its config.json's: as many tokens as vocab_size,
-    [PAD] at pad_token_id (RoBERTa numbers positions from it; every export writes it)."""
-    vocab = load_vocab(vocab_file)
-    if vocab_size(vocab) != hf_config.get("vocab_size"):
-        raise ModelSourceError(f"{path}: vocab.txt has {vocab_size(vocab)} tokens, config.json vocab_size is "
-                               f"{hf_config.get('vocab_size')}; the embedding rows are the vocab's")
-    pad, pad_id = SPECIAL_TOKENS["pad"], hf_config.get("pad_token_id")
-    if pad in vocab and pad_id is not None and vocab[pad] != pad_id:
-        raise ModelSourceError(f"{path}: config.json pad_token_id is {pad_id}, but {pad} is id {vocab[pad]} of "
-                               "vocab.txt")
+def _check_folder_tokenizer(path, tokenizer, hf_config):
+    """A Hugging Face folder's tokenizer must be its config.json's: a vocab.txt as many tokens as
+    vocab_size, a tokenizer.json's ids within it (rows past them are the model's padding); its pad
+    token at pad_token_id (RoBERTa numbers positions from it; every export writes it)."""
+    name, size, rows = os.path.basename(tokenizer.path), tokenizer.vocab_size, hf_config.get("vocab_size")
+    wordpiece = isinstance(tokenizer, BertTokenizer)
+    fits = size == rows if wordpiece else isinstance(rows, int) and size <= rows
+    if not fits:
+        raise ModelSourceError(f"{path}: {name} has {size} {'tokens' if wordpiece else 'ids'}, config.json vocab_size "
+                               f"is {rows}; the embedding rows are the {'vocab' if wordpiece else 'tokenizer'}'s")
+    pad = tokenizer.special_tokens["pad"]
+    pad_id = hf_config.get("pad_token_id")
+    if pad in tokenizer.vocab and pad_id is not None and tokenizer.vocab[pad] != pad_id:
+        raise ModelSourceError(f"{path}: config.json pad_token_id is {pad_id}, but {pad} is id {tokenizer.vocab[pad]} "
+                               f"of {name}")
 
 
 def _open_hf_folder(path, vocab_file):
-    """(config, vocab file or None, lower-casing, tokenizer file, holds an NSP head) of a Hugging
-    Face folder; its weights are not read."""
+    """(config, tokenizer file or None, lower-casing, tokenizer file found, holds an NSP head,
+    config.json's vocab_size, the folder's own tokenizer checked or None) of a Hugging Face
+    folder; its weights are not read."""
     config, hf_config, names = hf_folder_config(path)
-    tokenizer_file = next((os.path.join(path, name) for name in TOKENIZER_FILES
-                           if os.path.isfile(os.path.join(path, name))), None)
-    if vocab_file is None and os.path.isfile(os.path.join(path, "vocab.txt")):
-        vocab_file = os.path.join(path, "vocab.txt")
-        _check_folder_vocab(path, vocab_file, hf_config)
-    do_lower_case = (_json_beside(path, "tokenizer_config.json") or {}).get("do_lower_case", True)
-    return config, vocab_file, do_lower_case, tokenizer_file, NSP_HEAD_KEY in names
+    found = next((os.path.join(path, name) for name in FOLDER_TOKENIZER_FILES
+                  if os.path.isfile(os.path.join(path, name))), None)
+    do_lower_case = (_json_beside(path, SPECIAL_TOKEN_FILES[1]) or {}).get("do_lower_case", True)
+    tokenizer = None
+    if vocab_file is None and found is not None and os.path.basename(found) in TOKENIZER_FILES:
+        vocab_file = found
+        tokenizer = _tokenizer(vocab_file, do_lower_case)
+        _check_folder_tokenizer(path, tokenizer, hf_config)
+    return config, vocab_file, do_lower_case, found, NSP_HEAD_KEY in names, hf_config.get("vocab_size"), tokenizer
+
+
+def _tokenizer(vocab_file, do_lower_case):
+    try:
+        return load_tokenizer(vocab_file, do_lower_case)
+    except ValueError as e:
+        raise ModelSourceError(str(e)) from None   # it names the file
 
 
 def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
     """What the trained model at `path` is (TrainedModel): its sizes and architecture, vocab and
     lower-casing, from the model itself (a Hugging Face folder's config.json and tokenizer files, a
     checkpoint's job_config.json and args.json); `config_file` (a job config, --cf) for what a
-    state dict file or an older checkpoint does not carry; `vocab_file` to name the vocab. `tag`:
+    state dict file or an older checkpoint does not carry; `vocab_file` to name the tokenizer (a
+    vocab.txt, a tokenizer.json or a folder holding one). `tag`:
     the checkpoint tag of a job folder (default its `latest`). The weights are read by build()."""
     path = os.fspath(path)
     kind = kind_of(path)
+    vocab_file = tokenizer_file(vocab_file) if vocab_file is not None else None   # a file, or a folder holding one
     cf_config = read_json(config_file, "job config (--cf)", ModelSourceError) if config_file else None
-    job_config = run_args = tokenizer_file = None
+    job_config = run_args = found = tokenizer = None
     if kind == EXPORT:
-        config, vocab_file, do_lower_case, tokenizer_file, nsp_head = _open_hf_folder(path, vocab_file)
+        config, vocab_file, do_lower_case, found, nsp_head, config_vocab, tokenizer = _open_hf_folder(path, vocab_file)
         weights = path
     else:
         weights = resolve_checkpoint_tag_dir(path, tag) if kind == CHECKPOINT else path
@@ -204,10 +236,16 @@ def open_trained(path, vocab_file=None, config_file=None, *, tag=None):
                 raise ModelSourceError(f"{path}: {e}, or --vocab_file") from None
         do_lower_case = bool((run_args or {}).get("do_lower_case", True))
         nsp_head = config.architecture in NSP_ARCHITECTURES  # our models keep theirs, trained or not
-    if vocab_file is not None:  # else (a folder without vocab.txt) config.json's vocab_size, padded
-        config.vocab_size = vocab_rows(load_vocab(vocab_file), vocab_file)
+        config_vocab = config.vocab_size
+    vocab_ids = None
+    if vocab_file is not None:  # else (a folder without a tokenizer we read) config.json's vocab_size, padded
+        tokenizer = tokenizer or _tokenizer(vocab_file, do_lower_case)
+        try:
+            vocab_ids, config.vocab_size = tokenizer.model_vocab(config_vocab), tokenizer.rows(config_vocab)
+        except ValueError as e:
+            raise ModelSourceError(str(e)) from None   # it names the file (an empty vocab.txt)
     return TrainedModel(path, kind, os.path.abspath(weights), config, vocab_file, do_lower_case,
-                        cf_config or job_config, run_args, tokenizer_file, nsp_head)
+                        cf_config or job_config, run_args, found, nsp_head, vocab_ids, tokenizer)
 
 
 def locate(name, data_path_prefix):
@@ -247,10 +285,10 @@ def check_job_settings(path, model_config, vocab_file, next_sentence_prediction,
         shown = ", ".join(f"{k} {given.get(k)!r} (the folder's {folder.get(k)!r})" for k in differ[:4])
         raise ModelSourceError(f"{where}: bert_model_config differs from {os.path.join(path, 'config.json')}: {shown}; "
                                f"leave bert_model_config out to take the folder's")
-    folder_vocab = trained.require_vocab_file("the job config's bert_token_file")
-    if vocab_digest(vocab_file) != vocab_digest(folder_vocab):
-        raise ModelSourceError(f"{where}: bert_token_file {vocab_file} is not {folder_vocab} (their contents differ); "
-                               f"leave bert_token_file out to take the folder's")
+    folder_tokenizer = trained.require_tokenizer("the job config's bert_token_file")
+    if vocab_digest(vocab_file) != folder_tokenizer.digest:
+        raise ModelSourceError(f"{where}: bert_token_file {vocab_file} is not {folder_tokenizer.path} (their contents "
+                               f"differ); leave bert_token_file out to take the folder's")
     # (a RobertaPreLayerNorm folder never has one: there the original's NSP term trains a fresh head, as before)
     if next_sentence_prediction and trained.architecture == POSTLN and not trained.nsp_head:
         raise ModelSourceError(f"{where}: next_sentence_prediction is true, but {path} has no next-sentence head "

@@ -13,7 +13,7 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
 from turing.flops import MEASURE
-from turing.job_config import NSP_ARCHITECTURES, JobConfig
+from turing.job_config import NSP_ARCHITECTURES, JobConfig, config_vocab_size
 from turing.jsonfile import read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
 from turing.modeling import BertConfigError, ModelOptions
@@ -21,7 +21,7 @@ from turing.models import model_config_from_dict
 from turing.pretrained import bert_model_config, is_hf_folder, locate, open_trained
 from turing.process import Ranks
 from turing.sinks import check_report_to
-from turing.tokenization import load_vocab, vocab_digest, vocab_rows, vocab_size
+from turing.tokenization import BertTokenizer, load_tokenizer, tokenizer_file, vocab_digest, vocab_size
 
 logger = logging.getLogger("bing_bert")
 
@@ -99,15 +99,30 @@ def _require(config, keys, where):
 
 
 def resolve_vocab_file(token_file, data_path_prefix, config_file):
-    """The vocab.txt named by `bert_token_file`: a file or a folder holding vocab.txt, taken as
-    given, else under --data_path_prefix."""
+    """The tokenizer file named by `bert_token_file`: a vocab.txt or a tokenizer.json, or a folder
+    holding one (turing.tokenization.tokenizer_file: its vocab.txt first), taken as given, else
+    under --data_path_prefix."""
     for candidate in (token_file, os.path.join(data_path_prefix, token_file)):
         if os.path.isdir(candidate):
-            candidate = os.path.join(candidate, "vocab.txt")
+            try:
+                return tokenizer_file(candidate)
+            except FileNotFoundError as e:
+                raise InputError(f"{config_file}: bert_token_file {e}") from None
         if os.path.isfile(candidate):
             return candidate
     raise InputError(f"{config_file}: bert_token_file '{token_file}' not found (as given or under "
-                     f"--data_path_prefix '{data_path_prefix}'); expected a vocab.txt or a folder holding one")
+                     f"--data_path_prefix '{data_path_prefix}'); expected a vocab.txt, a tokenizer.json or a folder "
+                     f"holding one")
+
+
+def model_rows(vocab_file, model_config, config_file):
+    """(the tokenizer of the resolved bert_token_file, the model's embedding rows: its
+    Tokenizer.rows, a tokenizer.json's with bert_model_config's vocab size where larger)."""
+    try:
+        tokenizer = load_tokenizer(vocab_file)
+        return tokenizer, tokenizer.rows(config_vocab_size(model_config))
+    except ValueError as e:
+        raise InputError(f"{config_file}: bert_token_file {e}") from None
 
 
 def complete_arguments(args):
@@ -145,9 +160,9 @@ def complete_arguments(args):
                          f"name: the run writes OUT/saved_models/NAME and OUT/runs/NAME")
     args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
                                          args.data_path_prefix, args.config_file)
-    vocab = load_vocab(args.vocab_file)
-    args.vocab_size = vocab_rows(vocab, args.vocab_file)  # the model's rows, repeated lines included
-    if len(vocab) < vocab_size(vocab):
+    tokenizer, args.vocab_size = model_rows(args.vocab_file, config["bert_model_config"], args.config_file)
+    vocab = tokenizer.vocab
+    if isinstance(tokenizer, BertTokenizer) and len(vocab) < vocab_size(vocab):
         logger.warning("%s: %d repeated line(s); a repeated token keeps the id of its last line, and "
                        "every line keeps its row in the model", args.vocab_file, vocab_size(vocab) - len(vocab))
     args.saved_model_path = os.path.join(args.output_dir, "saved_models", args.job_name)
@@ -168,7 +183,7 @@ def complete_arguments(args):
 def settings_from_pretrained(args, config):
     """A job config whose bert_model_file is a Hugging Face folder (a stock model or an export,
     as given or under --data_path_prefix) and that leaves bert_model_config or bert_token_file out
-    takes them from the folder (turing.pretrained: its config.json, its vocab.txt); the training
+    takes them from the folder (turing.pretrained: its config.json, its vocab.txt or tokenizer.json); the training
     section's next_sentence_prediction is then false where the folder has no NSP head to train
     (a BertForMaskedLM, a RobertaPreLayerNorm) and the section does not say. Values the job config
     gives are checked against the folder where --use_pretrain loads it
@@ -179,9 +194,12 @@ def settings_from_pretrained(args, config):
         return
     try:
         trained = open_trained(path)
-        config["bert_model_config"] = config.get("bert_model_config") or bert_model_config(trained.config)
+        # vocab_size: the ids its rows stand for (config.json's), not our padded rows, so that an
+        # embedding padded past a tokenizer.json's ids keeps its rows and its export its vocab_size
+        config["bert_model_config"] = config.get("bert_model_config") or {
+            **bert_model_config(trained.config), **({"vocab_size": trained.vocab_ids} if trained.vocab_ids else {})}
         config["bert_token_file"] = (config.get("bert_token_file")
-                                     or trained.require_vocab_file("the job config's bert_token_file"))
+                                     or trained.require_tokenizer("the job config's bert_token_file").path)
     except InputError as e:
         raise InputError(f"{args.config_file}: bert_model_file {e}") from None
     if trained.architecture in NSP_ARCHITECTURES and not trained.nsp_head:
@@ -387,8 +405,8 @@ class RunConfig:
     tensorboard_path: str            # OUT/runs/JOB
     data_path_prefix: str
     validation_data_path_prefix: Optional[str]
-    vocab_file: str                  # resolved bert_token_file
-    vocab_size: int                  # the model's rows: the vocab file's lines, rounded up to a multiple of 8
+    vocab_file: str                  # resolved bert_token_file: the tokenizer file (vocab.txt or tokenizer.json)
+    vocab_size: int                  # the model's rows: the tokenizer's ids, rounded up to a multiple of 8
     # the configs, read and checked: `job` typed (what the program reads), `config` the JSON as
     # resolved for this sequence length (saved beside each checkpoint as job_config.json)
     job: JobConfig

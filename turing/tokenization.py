@@ -1,10 +1,21 @@
-"""WordPiece tokenization, token for token the same as Google BERT's original tokenizer.
+"""The tokenizer a model reads, the one way every reader names and opens it: a WordPiece vocab.txt
+(token for token the same as Google BERT's original tokenizer) or a Hugging Face tokenizer.json
+(byte-level BPE as ModernBERT's and RoBERTa's, or any other model `tokenizers` reads).
 
-Owns the vocab file format (one token per line, id = line index), `BertTokenizer`, the fast
-batch encoder `build_fast_tokenizer` (a `tokenizers.Tokenizer`), the special-token id lookup
-and the model's padded vocab size.
+Owns the vocab file format (one token per line, id = line index), `Tokenizer` (what the data
+tools, the providers, the trainer and the quality tools need of a tokenizer: encode, ids to
+tokens, the special ids, the vocab size, the model's rows, a digest, the files a copy of it is
+made of) with its two kinds, `BertTokenizer` (vocab.txt) and `JsonTokenizer` (tokenizer.json),
+`load_tokenizer` (a vocab.txt, a tokenizer.json or a folder holding one), the fast batch
+encoder `build_fast_tokenizer` (a `tokenizers.Tokenizer`), the special-token id lookup and the
+model's padded vocab size.
 
-The fast encoder is composed from `tokenizers` primitives, not from `BertNormalizer` and
+Special tokens: a vocab.txt's are BERT's five ([PAD], [UNK], [CLS], [SEP], [MASK]: the format has
+no other way to name them); a tokenizer.json's come from the tokenizer (special_tokens_map.json or
+tokenizer_config.json beside it, as transformers writes them, else its post-processor's cls/sep,
+its model's unk_token and its padding's pad_token), whatever they are called ([CLS] or <s>).
+
+The WordPiece encoder is composed from `tokenizers` primitives, not from `BertNormalizer` and
 `BertPreTokenizer`: those use the Rust crate's own, older Unicode tables and differ from
 Google's Python code (which asks `unicodedata`) on unassigned code points (Google drops them),
 punctuation and marks added since Unicode 9, the CJK range 0x2B820-0x2CEAF and the word-final
@@ -18,19 +29,26 @@ import collections
 import functools
 import hashlib
 import itertools
+import json
 import logging
 import os
 import sys
 import unicodedata
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+import tokenizers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
 from turing.errors import InputFileNotFoundError, InputValueError
 
 logger = logging.getLogger(__name__)
 
 UNK = "[UNK]"
-SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}  # a vocab.txt's
+ROLES = tuple(SPECIAL_TOKENS)      # what a model needs a special token for, whatever the tokenizer calls it
+VOCAB_TXT, TOKENIZER_JSON = "vocab.txt", "tokenizer.json"
+TOKENIZER_FILES = (VOCAB_TXT, TOKENIZER_JSON)   # a folder's tokenizer: the first of these it holds
+# beside a tokenizer.json, where transformers writes its special tokens (cls_token, ...), read in this order
+SPECIAL_TOKEN_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 MAX_INPUT_CHARS_PER_WORD = 100
 # Google's _is_chinese_char ranges (CJK Unified Ideographs and extensions, compatibility forms).
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
@@ -113,52 +131,349 @@ def build_fast_tokenizer(vocab_file_or_vocab_dict, do_lower_case=True):
     if UNK not in vocab:
         raise InputValueError(f"{source} has no {UNK} token: WordPiece needs it for unknown words")
     clean, lower, pre = _google_rules()
-    tokenizer = Tokenizer(models.WordPiece(dict(vocab), unk_token=UNK, continuing_subword_prefix="##",
-                                           max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    tokenizer = tokenizers.Tokenizer(models.WordPiece(dict(vocab), unk_token=UNK, continuing_subword_prefix="##",
+                                                      max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
     tokenizer.normalizer = normalizers.Sequence(lower if do_lower_case else clean)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(pre)
     tokenizer.decoder = decoders.WordPiece(prefix="##")
     return tokenizer
 
 
-class BertTokenizer:
+class TokenizerError(InputValueError):
+    """A tokenizer that cannot be used as asked; the message names the file and what to do instead."""
+
+
+def file_digest(path):
+    """The sha256 of a file's bytes: which tokenizer a checkpoint (args.json) or a set of shards was made with."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+vocab_digest = file_digest   # the name the checkpoints' readers know it by
+
+
+class Tokenizer:
+    """One tokenizer file and what every reader needs of it. `path`: the file; `name`: as the user
+    named it (a file or a folder); `vocab` token -> id; `ids_to_tokens`; `special_tokens` role ->
+    token and `special` role -> id (ROLES: pad, unk, cls, sep, mask); `vocab_size` the ids it
+    spans; `digest` its file's sha256; `do_lower_case` (a vocab.txt's; None for a tokenizer.json,
+    whose normalizer says). Subclasses: BertTokenizer (vocab.txt), JsonTokenizer (tokenizer.json)."""
+
+    kind = None           # VOCAB_TXT or TOKENIZER_JSON: the file a copy of it is named
+    unit = "token"        # what its pieces are called in messages
+    do_lower_case = None
+
+    def __init__(self, path, vocab, name=None):
+        self.path = os.fspath(path)
+        self.name = os.fspath(name) if name is not None else self.path
+        self.vocab = vocab
+        self.ids_to_tokens = collections.OrderedDict((i, t) for t, i in vocab.items())
+
+    # -- encoding
+    @property
+    def backend(self):
+        """The `tokenizers.Tokenizer` that encodes (no special tokens added)."""
+        raise NotImplementedError
+
+    def __len__(self):
+        return len(self.vocab)
+
+    def tokenize(self, text):
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text):
+        """The ids of `text`, no special tokens."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts, after_space=False):
+        """Token ids of many texts at once, encoded in parallel by `tokenizers`. `after_space`: each
+        text as it stands after a space in running text (a byte-level BPE keeps the space in its
+        next token: "Ġword"; a WordPiece drops it)."""
+        texts = [" " + t for t in texts] if after_space and self.space_in_tokens else list(texts)
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids):
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def convert_tokens_to_ids(self, tokens):
+        unk = self.vocab.get(self.special_tokens["unk"])
+        return [self.vocab.get(t, unk) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.ids_to_tokens[int(i)] for i in ids]
+
+    # -- what the model and the data formats need of it
+    space_in_tokens = False   # whether a space before a word is part of its first token
+
+    @functools.cached_property
+    def special(self):
+        """{"pad", "unk", "cls", "sep", "mask"} -> id."""
+        return {role: self.vocab[token] for role, token in self.special_tokens.items()}
+
+    @property
+    def vocab_size(self):
+        """The ids the tokenizer spans: its highest id + 1."""
+        return vocab_size(self.vocab)
+
+    def model_vocab(self, config_vocab_size=None):
+        """The ids the model's embedding rows stand for (rows past them are padding): the
+        tokenizer's, or `config_vocab_size` (the model config's) where larger (JsonTokenizer)."""
+        return self.vocab_size
+
+    def rows(self, config_vocab_size=None):
+        """The model's embedding rows: model_vocab rounded up to a multiple of 8; the one rule the
+        trainer, the tools and the export read."""
+        return vocab_size_padded(self.model_vocab(config_vocab_size))
+
+    @functools.cached_property
+    def digest(self):
+        return file_digest(self.path)
+
+    def tokens_by_id(self):
+        """Token string of every id 0..vocab_size-1 ("" for an id no token has)."""
+        return [self.ids_to_tokens.get(i, "") for i in range(self.vocab_size)]
+
+    def files(self):
+        """{file name: bytes} of a copy of this tokenizer that opens to the same tokenizer (its file,
+        and what names its special tokens)."""
+        with open(self.path, "rb") as f:
+            return {self.kind: f.read()}
+
+    def record(self):
+        """Which tokenizer this is, as the shards and checkpoints record it."""
+        return {"name": self.name, "kind": self.kind, "sha256": self.digest,
+                "vocab_size": self.vocab_size,
+                "special_tokens": {role: [token, self.special[role]] for role, token in self.special_tokens.items()}}
+
+    def describe(self):
+        return f"{self.name} (sha256 {self.digest[:12]})"
+
+
+class BertTokenizer(Tokenizer):
     """Text -> WordPiece tokens -> ids, with the vocab of one vocab.txt."""
 
-    def __init__(self, vocab_file, do_lower_case=True):
-        self.vocab = load_vocab(vocab_file)
-        self.ids_to_tokens = collections.OrderedDict((i, t) for t, i in self.vocab.items())
+    kind = VOCAB_TXT
+    unit = "WordPiece token"
+
+    def __init__(self, vocab_file, do_lower_case=True, name=None):
+        super().__init__(vocab_file, load_vocab(vocab_file), name)
         self.do_lower_case = do_lower_case
         if UNK not in self.vocab:
-            raise InputValueError(f"vocab file {vocab_file!r} has no {UNK} token")
+            raise InputValueError(f"vocab file {os.fspath(vocab_file)!r} has no {UNK} token")
         self._unk_id = self.vocab[UNK]
-        self._fast = build_fast_tokenizer(self.vocab, do_lower_case)
+        self._fast = None
+        self.special_tokens = dict(SPECIAL_TOKENS)
 
     @classmethod
     def from_pretrained(cls, path_or_folder, do_lower_case=True):
         """Load from a vocab.txt path or a folder holding vocab.txt (nothing is downloaded)."""
         path = os.fspath(path_or_folder)
         if os.path.isdir(path):
-            path = os.path.join(path, "vocab.txt")
+            path = os.path.join(path, VOCAB_TXT)
         if not os.path.isfile(path):
             raise InputFileNotFoundError(f"tokenizer vocab {path!r} not found: expected a vocab.txt file "
                                     "or a folder holding vocab.txt (model names are not downloaded)")
         return cls(path, do_lower_case=do_lower_case)
 
-    def __len__(self):
-        return len(self.vocab)
+    @property
+    def backend(self):
+        if self._fast is None:   # built on first use: ~1 s for the character classes, once a process
+            self._fast = build_fast_tokenizer(self.vocab, self.do_lower_case)
+        return self._fast
 
-    def tokenize(self, text):
-        return self._fast.encode(text, add_special_tokens=False).tokens
-
-    def encode_batch(self, texts):
-        """Token ids of many texts at once, encoded in parallel by `tokenizers`."""
-        return [e.ids for e in self._fast.encode_batch(list(texts), add_special_tokens=False)]
+    @functools.cached_property
+    def special(self):
+        try:
+            return special_token_ids(self.vocab)
+        except InputValueError as e:
+            raise TokenizerError(f"vocab file {self.path}: {e}") from None
 
     def convert_tokens_to_ids(self, tokens):
         return [self.vocab.get(t, self._unk_id) for t in tokens]
 
-    def convert_ids_to_tokens(self, ids):
-        return [self.ids_to_tokens[int(i)] for i in ids]
+    def rows(self, config_vocab_size=None):
+        """The vocab file's lines (repeated lines included) rounded up to 8, whatever the model
+        config says: the original's rule (vocab_rows)."""
+        return vocab_rows(self.vocab, self.path)
+
+    def tokens_by_id(self):
+        """The file's lines: a repeated line's earlier id keeps its string (load_vocab's dict keeps the last)."""
+        with open(self.path, encoding="utf-8") as f:
+            return [line.rstrip() for line in f]
+
+    def record(self):
+        return {**super().record(), "do_lower_case": self.do_lower_case}
+
+
+class JsonTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json (read by `tokenizers`), its special tokens named beside it or
+    in it (see the module docstring)."""
+
+    kind = TOKENIZER_JSON
+
+    def __init__(self, path, name=None):
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+            fast = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 - the Rust reader raises a bare Exception
+            raise TokenizerError(f"{path}: not a tokenizer.json that Hugging Face tokenizers reads "
+                                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        fast.no_padding()      # a tokenizer.json may say to pad or cut every text: the readers do that
+        fast.no_truncation()
+        super().__init__(path, dict(sorted(fast.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])),
+                         name)
+        self._fast = fast
+        self.special_tokens = _special_tokens(path, spec, self.vocab)
+        model = (spec.get("model") or {}).get("type")
+        pre = json.dumps(spec.get("pre_tokenizer"))
+        # byte-level BPE keeps a word's leading space in its first token ("Ġword"), as do Metaspace ones
+        self.space_in_tokens = model != "WordPiece" and ("ByteLevel" in pre or "Metaspace" in pre)
+
+    @property
+    def backend(self):
+        return self._fast
+
+    def model_vocab(self, config_vocab_size=None):
+        """The tokenizer's ids, or the model config's vocab_size where larger: an embedding padded
+        past the tokenizer's ids (a ModernBERT or RoBERTa config.json's vocab_size) keeps its rows."""
+        return max(self.vocab_size, config_vocab_size if isinstance(config_vocab_size, int) else 0)
+
+    def files(self):
+        roles = {f"{role}_token": token for role, token in self.special_tokens.items()}
+        return {**super().files(), SPECIAL_TOKEN_FILES[0]: (json.dumps(roles, indent=2) + "\n").encode()}
+
+
+def _content(value):
+    """A special token as transformers writes it: a string, or {"content": ...} (an AddedToken)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _processor_tokens(processor):
+    """{"cls", "sep"} -> token of a tokenizer.json post-processor (TemplateProcessing's single
+    template: the special token before the sequence and the one after; Roberta/BertProcessing's
+    cls and sep; the first of a Sequence's processors that names them)."""
+    kind = (processor or {}).get("type")
+    if kind == "Sequence":
+        for inner in processor.get("processors") or []:
+            found = _processor_tokens(inner)
+            if found:
+                return found
+        return {}
+    if kind in ("RobertaProcessing", "BertProcessing"):
+        return {role: processor[role][0] for role in ("cls", "sep") if isinstance(processor.get(role), list)}
+    if kind == "TemplateProcessing":
+        pieces = processor.get("single") or []
+        at = next((i for i, p in enumerate(pieces) if "Sequence" in p), None)
+        if at is None:
+            return {}
+        found = {}
+        if at > 0 and "SpecialToken" in pieces[at - 1]:
+            found["cls"] = pieces[at - 1]["SpecialToken"]["id"]
+        if at + 1 < len(pieces) and "SpecialToken" in pieces[at + 1]:
+            found["sep"] = pieces[at + 1]["SpecialToken"]["id"]
+        specials = processor.get("special_tokens") or {}
+        # a template piece names an entry of special_tokens, whose first token is the one in the text
+        return {role: ((specials.get(name) or {}).get("tokens") or [name])[0] for role, name in found.items()}
+    return {}
+
+
+def _special_tokens(path, spec, vocab):
+    """role -> token of a tokenizer.json: from the files beside it (SPECIAL_TOKEN_FILES: cls_token,
+    sep_token, mask_token, pad_token, unk_token), else its post-processor (cls, sep), its model's
+    unk_token, its padding's pad_token. A role no source names, or a token not in the vocab, is
+    one error line."""
+    found, where = {}, {}
+    folder = os.path.dirname(os.path.abspath(path))
+    for name in SPECIAL_TOKEN_FILES:
+        beside = os.path.join(folder, name)
+        if not os.path.isfile(beside):
+            continue
+        try:
+            with open(beside, encoding="utf-8") as f:
+                values = json.load(f)
+        except ValueError as e:
+            raise TokenizerError(f"{beside}: not valid JSON ({e})") from None
+        for role in ROLES:
+            token = _content((values if isinstance(values, dict) else {}).get(f"{role}_token"))
+            if token and role not in found:
+                found[role], where[role] = token, name
+    inside = dict(_processor_tokens(spec.get("post_processor")))
+    inside["unk"] = _content((spec.get("model") or {}).get("unk_token"))
+    inside["pad"] = _content((spec.get("padding") or {}).get("pad_token"))
+    for role, token in inside.items():
+        if token and role not in found:
+            found[role], where[role] = token, "its " + {"cls": "post-processor", "sep": "post-processor",
+                                                        "unk": "model's unk_token", "pad": "padding"}[role]
+    missing = [role for role in ROLES if role not in found]
+    if missing:
+        raise TokenizerError(
+            f"{path}: names no {', '.join(missing)} token; a tokenizer.json's special tokens are read from "
+            f"{' or '.join(SPECIAL_TOKEN_FILES)} beside it ({', '.join(f'{r}_token' for r in missing)}, as "
+            f"transformers' save_pretrained writes them), else its post-processor (cls, sep), its model's unk_token "
+            f"and its padding's pad_token")
+    unknown = [role for role in ROLES if found[role] not in vocab]
+    if unknown:
+        role = unknown[0]
+        raise TokenizerError(f"{path}: its {role} token {found[role]!r} ({where[role]}) is not in its vocab")
+    return {role: found[role] for role in ROLES}
+
+
+def tokenizer_file(path):
+    """The tokenizer file `path` names: a vocab.txt or a tokenizer.json (any *.json file) as given,
+    or the first of TOKENIZER_FILES a folder holds (a model folder, a prepare_data output, a
+    checkpoint); anything else is one error line."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+        slow = [n for n in ("vocab.json", "merges.txt", "sentencepiece.bpe.model", "spiece.model")
+                if os.path.isfile(os.path.join(path, n))]
+        hint = (f"; its {' and '.join(slow)} are a tokenizer of transformers' slow format: save it as tokenizer.json "
+                f"(transformers: AutoTokenizer.from_pretrained(FOLDER).save_pretrained(FOLDER) writes one)"
+                if slow else "")
+        raise InputFileNotFoundError(f"{path}: holds no {VOCAB_TXT} or {TOKENIZER_JSON}{hint}")
+    if not os.path.isfile(path):
+        raise InputFileNotFoundError(f"{path}: not found; expected a {VOCAB_TXT}, a {TOKENIZER_JSON} or a folder "
+                                     f"holding one")
+    return path
+
+
+def folder_lower_case(vocab_file):
+    """do_lower_case of the tokenizer_config.json beside a vocab.txt (a model folder's), else True."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(vocab_file)), SPECIAL_TOKEN_FILES[1])
+    try:
+        with open(beside, encoding="utf-8") as f:
+            value = json.load(f).get("do_lower_case", True)
+    except (OSError, ValueError, AttributeError):
+        return True
+    return value if isinstance(value, bool) else True
+
+
+def is_tokenizer_json(path):
+    return os.fspath(path).endswith(".json")
+
+
+def load_tokenizer(path, do_lower_case=None):
+    """The tokenizer `path` names (tokenizer_file): a JsonTokenizer for a *.json file, else a
+    BertTokenizer of a vocab.txt, lower-casing as `do_lower_case` says (None: as the
+    tokenizer_config.json beside it says, else on). The name it gives is `path` as given."""
+    file = tokenizer_file(path)
+    if is_tokenizer_json(file):
+        return JsonTokenizer(file, name=path)
+    lower = folder_lower_case(file) if do_lower_case is None else do_lower_case
+    return BertTokenizer(file, lower, name=path)
+
+
+def vocab_of(source):
+    """(token -> id, special ids, ids spanned) of a Tokenizer, or of a WordPiece vocab dict (load_vocab's)."""
+    if isinstance(source, Tokenizer):
+        return source.vocab, source.special, source.vocab_size
+    return source, special_token_ids(source), vocab_size(source)
 
 
 def vocab_size(vocab):
@@ -196,28 +511,25 @@ def special_token_ids(vocab):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Show the WordPiece tokens and ids of some text.")
-    parser.add_argument("--vocab", required=True, help="vocab.txt or a folder holding it")
-    parser.add_argument("--no_lower_case", dest="do_lower_case", action="store_false",
-                        help="keep case and accents (cased vocab)")
+    parser = argparse.ArgumentParser(description="Show the tokens and ids of some text.")
+    parser.add_argument("--vocab", "--tokenizer", dest="vocab", required=True,
+                        help="a vocab.txt, a tokenizer.json or a folder holding one")
+    parser.add_argument("--no_lower_case", dest="do_lower_case", action="store_false", default=None,
+                        help="vocab.txt: keep case and accents (cased vocab; default: as its folder's "
+                             "tokenizer_config.json says, else lower-cased)")
     parser.add_argument("text", nargs="+", help="text to tokenize (the words are joined by spaces)")
     args = parser.parse_args(argv)
     try:
-        tokenizer = BertTokenizer.from_pretrained(args.vocab, do_lower_case=args.do_lower_case)
+        tokenizer = load_tokenizer(args.vocab, do_lower_case=args.do_lower_case)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tokens = tokenizer.tokenize(" ".join(args.text))
-    print("tokens:", " ".join(tokens))
-    print("ids:   ", " ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
+    text = " ".join(args.text)
+    print("tokens:", " ".join(tokenizer.tokenize(text)))
+    print("ids:   ", " ".join(map(str, tokenizer.encode(text))))
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def vocab_digest(path):
-    """The sha256 of a vocab file's bytes: which vocab a checkpoint was trained with (args.json)."""
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()

@@ -36,6 +36,7 @@ class Summary:
     reused_chunks: int = 0          # chunks an interrupted run had finished, reused
     reused_bytes: int = 0           # and the input bytes they cover
     part: str = ""                  # "K of N" with --num_parts
+    tokenizer: dict = field(default_factory=dict)   # which one made the shards (Tokenizer.record())
 
     def stats(self):
         """What OUT/stats.json holds."""
@@ -52,7 +53,8 @@ class Summary:
                 "sets": sets, "seconds": round(self.seconds, 3), "setup_seconds": round(self.setup_seconds, 3),
                 "mb_per_s": self.input_bytes / 1e6 / max(self.seconds, 1e-9),
                 "reused_chunks": self.reused_chunks, "reused_input_bytes": self.reused_bytes,
-                "peak_mb": round(self.peak_mb, 1), "peak_worker_mb": round(self.peak_worker_mb, 1)}
+                "peak_mb": round(self.peak_mb, 1), "peak_worker_mb": round(self.peak_worker_mb, 1),
+                "tokenizer": self.tokenizer}
 
     @property
     def sequences(self):
@@ -61,6 +63,9 @@ class Summary:
     def lines(self):
         part = f" (part {self.part})" if self.part else ""
         out = [f"prepared {self.fmt} shards in {self.output_dir}{part} from {self.input_bytes / 1e6:.2f} MB of input"]
+        if self.tokenizer:
+            t = self.tokenizer
+            out.append(f"  tokenizer: {t['name']} ({t['kind']}, {t['vocab_size']} ids, sha256 {t['sha256'][:12]})")
         r = self.read
         if r:
             too_short = sum(s.too_short for s in self.sets.values())

@@ -1,10 +1,13 @@
-"""Sentences to token ids, in the workers: each distinct word of a chunk tokenized once
-(WordCacheTokenizer), through the `tokenizers` batch encoder."""
+"""Sentences to token ids, in the workers, through the `tokenizers` batch encoder: for a WordPiece
+vocab.txt each distinct word of a chunk tokenized once (WordCacheTokenizer); for a tokenizer.json
+each sentence as it stands in its document's running text (SentenceEncoder). `token_encoder` picks."""
 import itertools
 import re
 import unicodedata
 
 import numpy as np
+
+from turing.tokenization import VOCAB_TXT
 
 # Whitespace to Python's str.split() that BERT's tokenizer deletes as control characters
 # (category C), e.g. form feed: removed before splitting words so both agree.
@@ -13,6 +16,37 @@ _CONTROL_SPACES = "".join(c for c in map(chr, range(0x3001))
                           and c not in "\t\n\r")
 _DROP_CONTROL_SPACES = str.maketrans("", "", _CONTROL_SPACES)
 _CONTROL_SPACES_RE = re.compile(f"[{_CONTROL_SPACES}]")
+
+
+def token_encoder(tokenizer):
+    """The encoder of a chunk's documents for `tokenizer` (turing.tokenization.Tokenizer)."""
+    if tokenizer.kind == VOCAB_TXT:
+        return WordCacheTokenizer(tokenizer.backend)
+    return SentenceEncoder(tokenizer)
+
+
+class SentenceEncoder:
+    """Token ids of a chunk's sentences with any tokenizer: every sentence encoded whole, a
+    document's first as it begins the text and each later one after the space that separated it
+    (a byte-level BPE keeps that space in the next token, "Ġword"), so that a document's ids are
+    the ids of its sentences joined by spaces, and any run of sentences decodes to its text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_documents(self, documents):
+        """(flat token ids int32 (T,), tokens per sentence int64 (n_sentences,)) of lists of sentences."""
+        firsts = [doc[:1] for doc in documents]
+        laters = [doc[1:] for doc in documents]
+        first_ids = self.tokenizer.encode_batch([s for d in firsts for s in d])
+        later_ids = self.tokenizer.encode_batch([s for d in laters for s in d], after_space=True)
+        ordered, a, b = [], 0, 0
+        for first, later in zip(firsts, laters):
+            ordered += first_ids[a:a + len(first)] + later_ids[b:b + len(later)]
+            a, b = a + len(first), b + len(later)
+        lengths = np.fromiter(map(len, ordered), dtype=np.int64, count=len(ordered))
+        ids = np.fromiter(itertools.chain.from_iterable(ordered), dtype=np.int32, count=int(lengths.sum()))
+        return ids, lengths
 
 
 class WordCacheTokenizer:
@@ -64,6 +98,10 @@ class WordCacheTokenizer:
         self.start = np.concatenate([self.start, len(self.store) + np.cumsum(length) - length])
         self.length = np.concatenate([self.length, length])
         self.store = np.concatenate([self.store, ids])
+
+    def encode_documents(self, documents):
+        """(flat token ids int32 (T,), tokens per sentence int64 (n_sentences,)) of lists of sentences."""
+        return self.encode_lines([line for doc in documents for line in doc])
 
     def encode_lines(self, lines):
         """(flat token ids int32 (T,), tokens per line int64 (n_lines,))."""

@@ -1,6 +1,6 @@
-"""The vocab the shards are made with: --build_vocab's WordPiece training (on the text files
+"""The tokenizer the shards are made with: --build_vocab's WordPiece training (on the text files
 themselves, or on a bounded, seeded sample of any layout, split in worker processes), and the
-check of a given or trained vocab.txt.
+check of a given tokenizer (a vocab.txt, a tokenizer.json or a model folder) or a trained vocab.txt.
 
 The `tokenizers` WordPiece trainer breaks ties between equally frequent merges in hash order, so
 two trainings on the same text may differ in a few entries; the sample it trains on does not.
@@ -18,8 +18,8 @@ from tools.prep.documents import CorpusReader, document_size, first_non_utf8
 from tools.prep.layouts import compression
 from tools.prep.sentences import SPLITTER, SentenceSplitter, document_sentences
 from tools.prep.workers import end_with_parent, worker_context
-from turing.formats import BING_SEPARATOR
-from turing.tokenization import SPECIAL_TOKENS, load_vocab, special_token_ids
+from turing.formats import token_storage_problem
+from turing.tokenization import ROLES, SPECIAL_TOKENS, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -133,23 +133,22 @@ def write_vocab_sample(reader, path, budget, seed, workers, inherited=()):
     return len(sample), sum(map(document_size, sample))
 
 
-def check_vocab(vocab_file, fmt, bing_layout):
-    """Load and check a vocab.txt; returns (token -> id dict, special ids)."""
-    if not os.path.isfile(vocab_file):
-        raise InputNotFoundError(f"--vocab_file {vocab_file}: no such file")
+def check_tokenizer(path, fmt, bing_layout, do_lower_case=None):
+    """Open and check the tokenizer the shards are made with (turing.tokenization.load_tokenizer: a
+    vocab.txt, a tokenizer.json or a folder holding one): its special tokens, and that the format
+    can store its tokens. One error line naming --tokenizer otherwise."""
     try:
-        vocab = load_vocab(vocab_file)
+        tokenizer = load_tokenizer(path, do_lower_case)
+        _ = tokenizer.special   # a special token it lacks is an error here, not in a worker
     except UnicodeDecodeError as e:
-        raise PrepareDataError(f"--vocab_file {vocab_file}: not utf-8 text ({e})") from None
-    try:
-        special = special_token_ids(vocab)
+        raise PrepareDataError(f"--tokenizer {path}: not utf-8 text ({e})") from None
+    except FileNotFoundError as e:
+        raise InputNotFoundError(f"--tokenizer {e}") from None
     except ValueError as e:
-        raise PrepareDataError(f"--vocab_file {vocab_file}: {e}") from None
-    if fmt == "bing" and bing_layout == "separator":
-        bad = [t for t in vocab if chr(BING_SEPARATOR) in t]
-        if bad:
-            raise PrepareDataError(f"--vocab_file {vocab_file}: token {bad[0]!r} holds the separator "
-                                   "byte 0x1f; use --bing_layout offsets")
-    if len(vocab) < len(SPECIAL_TOKENS) + 1:
-        raise PrepareDataError(f"--vocab_file {vocab_file}: only {len(vocab)} entries")
-    return vocab, special
+        raise PrepareDataError(f"--tokenizer {path}: {e}") from None
+    problem = token_storage_problem(tokenizer.vocab, fmt, bing_layout)
+    if problem:
+        raise PrepareDataError(f"--tokenizer {path}: {problem}")
+    if len(tokenizer.vocab) < len(ROLES) + 1:
+        raise PrepareDataError(f"--tokenizer {path}: only {len(tokenizer.vocab)} entries")
+    return tokenizer

@@ -25,7 +25,7 @@ from tools.prep import TRAIN, PrepareDataError
 from tools.prep.instances import VocabBytes, bing_arrays, create_instance_spans, nvidia_arrays
 from tools.prep.sentences import SPLITTER, SentenceSplitter, document_sentences
 from tools.prep.summary import SetStats
-from tools.prep.tokens import WordCacheTokenizer
+from tools.prep.tokens import token_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ class ChunkProcessor:
     """Turns one chunk of documents into the arrays of its sequences (runs in a worker)."""
 
     def __init__(self, settings, tokenizer, tokens_by_id):
+        """`tokenizer`: a turing.tokenization.Tokenizer; `tokens_by_id`: its token strings (the Bing format's)."""
         self.settings = settings
-        self.words = WordCacheTokenizer(tokenizer)
+        self.words = token_encoder(tokenizer)
         self.vocab_bytes = VocabBytes(tokens_by_id) if settings.fmt == "bing" else None
         self.splitter = SentenceSplitter(settings.splitter)
 
@@ -98,8 +99,7 @@ class ChunkProcessor:
         """(stats, arrays or None, sequences per shard group) of a chunk; recorded at `path` if given."""
         s = self.settings
         documents, too_short = self.sentences(documents)
-        lines = [line for doc in documents for line in doc]
-        token_ids, per_line = self.words.encode_lines(lines)
+        token_ids, per_line = self.words.encode_documents(documents)
         stats = SetStats(unk_tokens=int(np.count_nonzero(token_ids == s.unk_id)),
                          tokens=len(token_ids), too_short=too_short)
         # Documents as (first token, sentence lengths); sentences without tokens are dropped.

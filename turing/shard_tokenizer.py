@@ -1,0 +1,98 @@
+"""Which tokenizer made a set of shards: the record tools/prepare_data.py writes beside them, defined
+and read here, and the trainer's check (check_run_inputs) that its tokenizer is that one.
+
+A shard holds token ids (NVIDIA hdf5) or token strings (Bing), which mean something only with the
+tokenizer that made them; a run with another one trains on noise without any error. prepare_data
+writes down which tokenizer it used (turing.tokenization's `Tokenizer.record()`: its name, file,
+kind, sha256, vocab size and special tokens), at the output folder's top level like its record
+of the split (turing/heldout.py), never inside train/ or validation/ (training reads those whole),
+so the shard files themselves are what they were:
+
+    OUT/tokenizer_record.json            (with --num_parts, one per part: tokenizer_record.part003.json)
+
+The trainer reads the records beside every training folder and the validation folder (their
+parent, a prepare_data --output_dir) and refuses in one line a run whose tokenizer (its
+bert_token_file, or its model folder's) is not the one recorded: another file (sha256) or other
+special token ids. Shards without a record (NVIDIA's own, or made before the record was written)
+train as before.
+"""
+import json
+import logging
+import os
+import re
+
+from turing.errors import InputValueError
+from turing.heldout import output_folder
+
+logger = logging.getLogger(__name__)
+
+RECORD = re.compile(r"^tokenizer_record(\.part\d+)?\.json$")
+
+
+class ShardTokenizerError(InputValueError):
+    """Shards made with another tokenizer than the run's, or an unreadable record."""
+
+
+def record_name(part=None):
+    """The record's file name in a prepare_data output (of part `part` with --num_parts)."""
+    return "tokenizer_record.json" if part is None else f"tokenizer_record.part{part:03d}.json"
+
+
+def record_text(tokenizer):
+    """The record of `tokenizer` (a turing.tokenization.Tokenizer), as the file holds it."""
+    return json.dumps(tokenizer.record(), indent=1) + "\n"
+
+
+def find_records(folder):
+    """[(path, record)] of the records in `folder` (a prepare_data --output_dir; every part's), [] without one."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in sorted(n for n in os.listdir(folder) if RECORD.match(n)):
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+        except ValueError as e:
+            raise ShardTokenizerError(f"{path}: not valid JSON ({e}); it is prepare_data's record of the tokenizer "
+                                      f"the shards beside it were made with") from None
+        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+            raise ShardTokenizerError(f"{path}: no sha256 (expected prepare_data's record of the tokenizer the shards "
+                                      f"beside it were made with)")
+        found.append((path, record))
+    return found
+
+
+def _special_ids(record):
+    return {role: entry[1] for role, entry in (record.get("special_tokens") or {}).items()
+            if isinstance(entry, list) and len(entry) == 2}
+
+
+def differs(record, tokenizer):
+    """How `tokenizer` differs from the one a record names, in a few words; None where it is that one."""
+    if record["sha256"] != tokenizer.digest:
+        return f"sha256 {tokenizer.digest[:12]}"
+    theirs, ours = _special_ids(record), tokenizer.special
+    other = [f"{role} {ours[role]} (the shards' {theirs[role]})" for role in ours if role in theirs
+             and theirs[role] != ours[role]]
+    return "the same file, other special token ids: " + ", ".join(other) if other else None
+
+
+def check_shard_tokenizer(tokenizer, set_folders):
+    """Refuse, in one line, shards in `set_folders` (training folders, the validation folder) whose
+    prepare_data output records another tokenizer than `tokenizer`; returns the records read
+    (none: shards of another tool, nothing to check)."""
+    checked = []
+    for folder in dict.fromkeys(output_folder(f) for f in set_folders):
+        for path, record in find_records(folder):
+            why = differs(record, tokenizer)
+            if why:
+                raise ShardTokenizerError(
+                    f"{path}: the shards in {folder} were made with tokenizer {record.get('name')} (sha256 "
+                    f"{record['sha256'][:12]}), not with this run's {tokenizer.name} ({why}); train with the shards' "
+                    f"tokenizer (the job config's bert_token_file, or the model folder's), or make the shards again "
+                    f"with tools/prepare_data.py --tokenizer {tokenizer.name}")
+            checked.append(path)
+    if checked:
+        logger.info("the shards were made with this run's tokenizer %s (%s)", tokenizer.describe(), ", ".join(checked))
+    return checked
