@@ -468,8 +468,9 @@ def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpu
     # An unfinished run of other settings is refused, or started afresh with --overwrite.
     killed = tmp_path / "k"
     (killed / WORK_DIR / "chunks").mkdir(parents=True)
-    fingerprint = run_fingerprint(prepare_data.build_parser().parse_args(
-        argv + ["--output_dir", str(killed)]), find_sources([path]))
+    # the journal a killed run of these settings leaves: its flags as that run resolved them
+    fingerprint = run_fingerprint(prepare_data.resolved_tokenizer(prepare_data.build_parser().parse_args(
+        argv + ["--output_dir", str(killed)])), find_sources([path]))
     (killed / WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
     np.savez(killed / WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
     line = error_of(capsys, argv + ["--output_dir", killed, "--seed", 7])
