@@ -22,6 +22,7 @@ from tools.prep import vocab as prep_vocab
 from tools.prep.documents import DocumentReader
 from tools.prep.journal import WORK_DIR, Journal
 from tools.prep.layouts import ReadOptions, find_sources
+from tools.prep.reader import PROCESS_NAME
 from tools.prep.workers import end_with_parent
 from turing import heldout
 from turing.signals import StopRequested, StopSignals
@@ -126,21 +127,29 @@ def big_corpus(tmp_path_factory):
     return folder, parts
 
 
+READER_NAME = PROCESS_NAME.decode()
+
+
 def workers_argv(vocab, corpus_folder, out):
     return ["--input", str(corpus_folder), "--output_dir", str(out), "--vocab_file", str(vocab),
             "--max_seq_length", "64", "--workers", "2", "--chunk_size_mb", "0.01"]
 
 
 def start_with_workers(vocab, corpus_folder, out):
-    """prepare_data --workers 2 in a subprocess; returns (process, its worker processes) once
-    the workers run."""
+    """prepare_data --workers 2 in a subprocess; returns (process, its child processes: the two
+    workers, then the reader) once they all run."""
     proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *workers_argv(vocab, corpus_folder, out)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
-        workers = psutil.Process(proc.pid).children()
-        if len(workers) == 2:
-            return proc, workers
+        try:
+            children = {p: p.name() for p in psutil.Process(proc.pid).children()}
+        except psutil.NoSuchProcess:
+            children = {}
+        workers = [p for p, name in children.items() if name != READER_NAME]
+        readers = [p for p, name in children.items() if name == READER_NAME]
+        if len(workers) == 2 and len(readers) == 1:
+            return proc, workers + readers
         time.sleep(0.01)
     proc.kill()
     raise AssertionError(f"no workers started: {proc.communicate()}")
@@ -187,6 +196,23 @@ def test_a_killed_worker_ends_the_run_with_an_error_not_a_hang(vocab, big_corpus
     assert len(lines) == 1 and "Traceback" not in err, err
     assert f"worker process {workers[0].pid} killed by SIGKILL" in lines[0] and "out-of-memory" in lines[0]
     assert_only_finished_chunks_left(out)            # no shard, no vocab, no temporary folder
+
+
+def test_a_killed_reader_ends_the_run_with_an_error_naming_it(vocab, big_corpus, tmp_path):
+    """The reader process (reading and dealing the documents) killed: one error line naming it, the
+    workers stopped, nothing but finished chunks left."""
+    folder, _ = big_corpus
+    out = tmp_path / "o"
+    proc, children = start_with_workers(vocab, folder, out)
+    reader = children[-1]
+    reader.send_signal(signal.SIGKILL)
+    code, err, left = finish(proc, children)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"the reader process {reader.pid} ended (killed by SIGKILL)" in lines[0]
+    assert left == []
+    assert_only_finished_chunks_left(out)
 
 
 def test_sigterm_stops_the_workers_and_removes_the_temporary_folder(vocab, big_corpus, tmp_path):

@@ -33,19 +33,20 @@ Output folder:
                                            documents' keys (turing/heldout.py): the split's one record,
                                            which every later stage reads (with parts: one per part)
 
-Pipeline. Documents are read in order and grouped into chunks of about --chunk_size_mb of text
-(the training and validation documents separately). Each chunk is one unit of work for a pool
+Pipeline. A reader process reads the documents in order (a multistream .bz2 dump's streams
+decompressed on threads) and groups them into chunks of about --chunk_size_mb of text (the
+training and validation documents separately). Each chunk is one unit of work for a pool
 of --workers processes: tokenize (each distinct word once, through `tokenizers`' batch
 encoder), cut documents into sequence pairs with BERT's `create_instances_from_document`
 algorithm (--dupe_factor passes, random next sentences from another document of the same
 chunk), shuffle, and for the NVIDIA format mask statically (vectorised over the chunk). The
-main process writes the results in chunk order, dealing sequences round-robin over the
-shards (hdf5 chunks are deflated by a few threads meanwhile), so shard sizes differ by at
-most one, memory does not grow with the corpus, and the output depends only on the input
+main process only coordinates: it hands the chunks to the workers and writes the results in
+chunk order, dealing sequences round-robin over the shards (the workers also deflate the hdf5
+chunks), so --workers N is N cores of work, shard sizes differ by at most one, memory does not grow with the corpus, and the output depends only on the input
 and --seed, never on --workers (the files are byte-identical). Every file is written
 under a temporary folder and renamed into place at the end, so a crash never leaves a
-half-written shard under a final name. A worker that dies (the out-of-memory killer) ends the
-run at once with an error; SIGTERM/SIGINT stop the workers and remove the temporary folder.
+half-written shard under a final name. A worker or the reader that dies (the out-of-memory
+killer) ends the run at once with an error; SIGTERM/SIGINT stop the workers and remove the temporary folder.
 train/ and validation/ end up holding only this run's shards: anything else there is refused.
 
 Resuming. Every finished chunk is kept in OUT/.prepare_data.work (with the settings and a
@@ -81,21 +82,20 @@ import os
 import resource
 import sys
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.prep import TRAIN, VALIDATION, CorpusError, InputNotFoundError, PrepareDataError
 from tools.prep.documents import CorpusReader
-from tools.prep.filters import DocumentFilter, SplitRecord, iter_chunks
+from tools.prep.filters import DocumentFilter, SplitRecord, install_split_record, iter_chunks
 from tools.prep.journal import Journal, run_fingerprint
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
+from tools.prep.reader import ChunkReader
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
 from tools.prep.vocab import build_vocab, check_tokenizer
-from tools.prep.workers import ChunkProcessor, Settings, WorkerPool, ordered_results
+from tools.prep.workers import Settings, WorkerPool, ordered_results
 from turing.signals import StopRequested, StopSignals
 from turing.shard_tokenizer import record_name, record_text
 from turing.tokenization import (SPECIAL_TOKENS, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB_TXT, folder_lower_case,
@@ -274,7 +274,7 @@ def prepare(args, signals=None):
     if done:
         logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
     tmp = journal.tmp
-    pool = deflater = record = None
+    pool = reader = None
     shard_sets = {}
     finished = False
     try:
@@ -293,12 +293,11 @@ def prepare(args, signals=None):
                           part=f"{args.part} of {args.num_parts}" if parts else "", tokenizer=tokenizer.record())
         summary.setup_seconds = time.perf_counter() - start
         t0 = time.perf_counter()
-        if args.workers > 1:
-            pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id, journal.descriptors())
-        processor = None if pool else ChunkProcessor(settings, tokenizer, tokens_by_id)
-        # Threads that deflate hdf5 chunks (zlib releases the GIL), beside the workers.
-        deflater = ThreadPoolExecutor(max(2, args.workers), thread_name_prefix="deflate")
-        compress = functools.partial(deflater.submit, zlib.compress, level=HDF5_GZIP_LEVEL)
+        # The workers do all the work (a chunk's arrays, and the hdf5 chunks' deflating); the reader
+        # process reads and deals the documents; this process hands out the chunks and writes.
+        pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id, journal.descriptors())
+        pool.check_stop = signals.check
+        compress = functools.partial(pool.deflate, level=HDF5_GZIP_LEVEL)
 
         prefix = args.prefix or os.path.basename(os.path.abspath(out))
         sets = [TRAIN] + ([VALIDATION] if args.validation_fraction > 0 else [])
@@ -308,39 +307,33 @@ def prepare(args, signals=None):
                                         shards, settings, prefix, compress, part_tag)
             summary.sets[name] = SetStats()
 
-        documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
-        keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
-        record = SplitRecord(tmp, args.part if parts else None)
+        reader = ChunkReader(functools.partial(read_chunks, args, sources, options, chunk_bytes, tmp),
+                             journal.descriptors(), signals.check)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
-                  for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction,
-                                                               keep, record))
-        _collect(ordered_results(chunks, pool, processor, args.workers, summary.input_bytes, signals.check),
+                  for name, index, docs, nbytes in reader)
+        _collect(ordered_results(chunks, pool, args.workers, summary.input_bytes, signals.check),
                  summary, shard_sets)
-        if pool:
-            pool.close()
-            pool = None
-        summary.read = read_counts(documents, keep)
+        summary.read, warnings = reader.outcome
 
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case)
-        for warning in documents.warnings():
+        pool.close()
+        pool = None
+        for warning in warnings:
             logger.warning("%s", warning)
-        record.finish(args, keep.read + keep.other_parts)
-        _install(out, tmp, tokenizer, shard_sets, part_tag, record, args.part if parts else None)
+        _install(out, tmp, tokenizer, shard_sets, part_tag, args.part if parts else None)
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = peak_rss_mb(resource.RUSAGE_SELF)
-        summary.peak_worker_mb = peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
+        summary.peak_worker_mb = peak_rss_mb(resource.RUSAGE_CHILDREN)
         write_stats(summary, tmp, out, f"stats.part{args.part:03d}.json" if parts else "stats.json")
         finished = True
         return summary
     finally:
         if pool:
             pool.terminate()
-        if deflater:
-            deflater.shutdown(cancel_futures=True)
+        if reader:
+            reader.terminate()
         for shard_set in shard_sets.values():
             shard_set.close()
-        if record:
-            record.close()
         kept = journal.close(finished)
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
@@ -405,6 +398,21 @@ def _collect(results, summary, shard_sets):
             summary.reused_bytes += nbytes
 
 
+def read_chunks(args, sources, options, chunk_bytes, tmp):
+    """The reader process's work (tools/prep/reader.py): the documents read, kept and dealt into
+    chunks (yields iter_chunks' tuples), the split recorded in `tmp` as they are dealt; returns
+    the reading's counts for stats.json and the warnings about the input."""
+    documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
+    keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
+    record = SplitRecord(tmp, args.part if args.num_parts > 1 else None)
+    try:
+        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record)
+        record.finish(args, keep.read + keep.other_parts)
+    finally:
+        record.close()
+    return read_counts(documents, keep), documents.warnings()
+
+
 def read_counts(documents, keep):
     """The reading's counts for stats.json: documents read, left out (and why), layouts."""
     return {"documents_read": keep.read, "duplicates": keep.duplicates,
@@ -455,7 +463,7 @@ def unk_cause(tokens_by_id, do_lower_case):
             "(--tokenizer; --build_vocab trains one on this corpus)")
 
 
-def _install(out, tmp, tokenizer, shard_sets, part_tag, record, part=None):
+def _install(out, tmp, tokenizer, shard_sets, part_tag, part=None):
     """Everything is complete: move the tokenizer's files (a copy that opens to the same tokenizer)
     and its record, the shards and the record of the split from `tmp` into place (with parts, only
     this part's shards are replaced)."""
@@ -472,7 +480,7 @@ def _install(out, tmp, tokenizer, shard_sets, part_tag, record, part=None):
         shard_set.install()
     if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)
         remove_shards(os.path.join(out, VALIDATION), part_tag or None)
-    record.install(out, bool(part_tag))
+    install_split_record(tmp, out, part)
 
 
 def main(argv=None):

@@ -9,13 +9,16 @@
     tokens      sentences to token ids, each distinct word tokenized once
     instances   BERT's sequence pairs cut from a chunk's tokens, as NVIDIA or Bing arrays
     shards      the shard files: hdf5 and .npy writers, a set's sequences dealt over its shards
-    workers     a chunk's work (ChunkProcessor), the processes that do it, results in chunk order
+    reader      the process that reads and deals the documents (layouts, documents, filters)
+    workers     a chunk's work (ChunkProcessor) and the deflating of hdf5 chunks, the processes that
+                do it, results in chunk order
     journal     the finished chunks a stopped run leaves for the same command to continue from
     summary     what a run counted: per set and in all, stats.json
 
-The main process reads, keeps and deals the documents into chunks (layouts, documents, filters);
-a worker turns a chunk into arrays (sentences, tokens, instances); the main process writes them
-in chunk order (shards) and records every chunk (journal). The command line, tools/prepare_data.py,
+The reader process reads, keeps and deals the documents into chunks (layouts, documents, filters);
+a worker turns a chunk into arrays (sentences, tokens, instances) and records it (journal), and
+deflates the hdf5 chunks; the main process only coordinates: it hands out the chunks and writes
+the arrays in chunk order (shards). The command line, tools/prepare_data.py,
 runs them (`prepare`); nothing here imports it, and turing/ imports nothing here (the split's
 record is turing/heldout.py's format, which the trainer reads).
 """

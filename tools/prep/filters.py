@@ -102,7 +102,8 @@ class SplitRecord:
     (turing/heldout.py's files): the held-out documents as read, their sentences split as the
     workers split them, and the training documents' keys. Made in the main process as documents
     are dealt (so a resumed run, which reads its input again, makes it again whole), written in
-    the temporary folder and renamed into place with the shards; the shards never depend on it."""
+    the temporary folder and renamed into place with the shards (install_split_record); the shards
+    never depend on it."""
 
     def __init__(self, tmp, part=None):
         self.tmp = tmp
@@ -145,18 +146,21 @@ class SplitRecord:
         with open(os.path.join(self.tmp, documents), "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
 
-    def install(self, out, parts):
-        """Rename the files into OUT; a run without parts, which replaced every shard, removes every
-        part's record too (a part's own files are replaced by the rename)."""
-        if not parts:
-            for name in heldout.manifest_files(out):
-                if name not in self.names:
-                    os.remove(os.path.join(out, name))
-        for name in self.names:
-            os.replace(os.path.join(self.tmp, name), os.path.join(out, name))
-
     def close(self):
         self.heldout.close()
+
+
+def install_split_record(tmp, out, part=None):
+    """Rename the files of a SplitRecord finished in `tmp` into OUT; a run without parts, which
+    replaced every shard, removes every part's record too (a part's own files are replaced by the
+    rename)."""
+    names = heldout.manifest_names(part)
+    if part is None:
+        for name in heldout.manifest_files(out):
+            if name not in names:
+                os.remove(os.path.join(out, name))
+    for name in names:
+        os.replace(os.path.join(tmp, name), os.path.join(out, name))
 
 
 @dataclass

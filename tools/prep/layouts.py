@@ -24,6 +24,8 @@ import logging
 import lzma
 import os
 import re
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tools.prep import CorpusError
@@ -356,6 +358,133 @@ class _ZstdReader(io.RawIOBase):
         return n
 
 
+# A bz2 stream starts with its header ("BZh" and the block size digit) and its first block's magic
+# (pi's digits), byte-aligned; inside a stream blocks are not byte-aligned, so a match there is rare,
+# and it is caught: the piece before it is then no complete stream.
+BZ2_STREAM_START = re.compile(rb"BZh[1-9]1AY&SY")
+BZ2_SCAN_BYTES = 1 << 15         # read this much of the file at a time to find the streams
+BZ2_READ_AHEAD = 8 << 20         # compressed bytes being decompressed ahead of the reader, at most
+BZ2_STREAM_LIMIT = 8 << 20       # a stream longer than this (a dump of one stream): read by a BZ2File from there
+BZ2_THREADS = min(4, os.cpu_count() or 1)
+
+
+def _bz2_streams(data):
+    """(the decompressed bytes of `data`, whether it is whole bz2 streams: ends where one ends);
+    OSError for data that is no bz2."""
+    out = []
+    while data:
+        d = bz2.BZ2Decompressor()
+        out.append(d.decompress(data))
+        if not d.eof:
+            return b"".join(out), False
+        data = d.unused_data
+    return b"".join(out), True
+
+
+def _try_bz2_streams(data):
+    try:
+        return _bz2_streams(data)
+    except OSError:            # a piece cut at a false match: the piece before it was no whole stream
+        return None, False
+
+
+class _Bz2Streams(io.RawIOBase):
+    """A .bz2 file of many streams (Wikipedia's multistream dumps: 100 pages a stream) decompressed
+    on BZ2_THREADS threads (bz2 lets go of the GIL), a few streams ahead of the reader (at most
+    BZ2_READ_AHEAD compressed bytes, a sixteenth of a smaller file), in order: the bytes BZ2File
+    gives, several times as fast. The file is read BZ2_SCAN_BYTES at a time, cut where a stream
+    starts; a piece that is no whole stream (a false match) is decompressed again joined to the
+    next ones. From a stream longer than BZ2_STREAM_LIMIT on, the file is read by a BZ2File."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        size = os.fstat(raw.fileno()).st_size if hasattr(raw, "fileno") else BZ2_READ_AHEAD
+        self.ahead = min(BZ2_READ_AHEAD, max(size // 16, 1))
+        self.pool = ThreadPoolExecutor(BZ2_THREADS, thread_name_prefix="bz2")
+        self.pending = deque()       # (future of _try_bz2_streams, the piece)
+        self.pending_bytes = 0
+        self.scan, self.scan_start, self.eof = b"", raw.tell(), False
+        self.rest = None             # the BZ2File reading on from a long stream, once needed
+        self.rest_offset = None      # where it starts
+        self.buffer, self.at = b"", 0
+
+    def readable(self):
+        return True
+
+    def _next_piece(self):
+        """The file's next piece (from one stream start to the next), or None at the end or for a
+        stream too long (self.rest_offset is then where to read on with a BZ2File)."""
+        searched = 1                 # where a stream start may begin that was not searched for yet
+        while True:
+            match = BZ2_STREAM_START.search(self.scan, searched)
+            if match:
+                piece, self.scan = self.scan[:match.start()], self.scan[match.start():]
+                self.scan_start += len(piece)
+                return piece
+            if self.eof:
+                piece, self.scan = self.scan, b""
+                self.scan_start += len(piece)
+                return piece or None
+            if len(self.scan) > BZ2_STREAM_LIMIT:
+                self.rest_offset, self.scan, self.eof = self.scan_start, b"", True
+                return None
+            data = self.raw.read(BZ2_SCAN_BYTES)
+            self.eof = not data
+            searched = max(1, len(self.scan) - len(b"BZh91AY&SY") + 1)
+            self.scan += data
+
+    def _fill(self):
+        while self.rest_offset is None and (not self.pending or self.pending_bytes < self.ahead):
+            piece = self._next_piece()
+            if piece is None:
+                return
+            self.pending.append((self.pool.submit(_try_bz2_streams, piece), piece))
+            self.pending_bytes += len(piece)
+
+    def _take(self):
+        """The next decompressed bytes (maybe b""), None at the end."""
+        self._fill()
+        if not self.pending:
+            if self.rest_offset is None:
+                return None
+            if self.rest is None:
+                self.raw.seek(self.rest_offset)
+                self.rest = bz2.BZ2File(self.raw, "rb")
+            return self.rest.read(READ_BYTES) or None
+        future, piece = self.pending.popleft()
+        self.pending_bytes -= len(piece)
+        data, whole = future.result()
+        while not whole:             # a false cut: join the next pieces until the streams end
+            self._fill()
+            if not self.pending:
+                data, whole = _bz2_streams(piece)   # raises what BZ2File would: damaged, or cut short
+                if not whole:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                break
+            _, more = self.pending.popleft()
+            self.pending_bytes -= len(more)
+            piece += more
+            data, whole = _try_bz2_streams(piece)
+        return data
+
+    def readinto(self, out):
+        while self.at >= len(self.buffer):
+            data = self._take()
+            if data is None:
+                return 0
+            self.buffer, self.at = data, 0
+        n = min(len(out), len(self.buffer) - self.at)
+        out[:n] = self.buffer[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.rest is not None:
+            self.rest.close()
+        super().close()
+
+
 class open_stream:
     """`with open_stream(path) as (stream, raw)`: the decompressed bytes, and the file as stored
     (raw.tell() is how much of it was read)."""
@@ -368,8 +497,8 @@ class open_stream:
         kind = compression(self.path)
         if kind == "gzip":
             stream = gzip.GzipFile(fileobj=self.raw, mode="rb")
-        elif kind == "bzip2":
-            stream = bz2.BZ2File(self.raw, "rb")          # reads every stream of a multistream dump
+        elif kind == "bzip2":   # every stream of a multistream dump, several at a time
+            stream = io.BufferedReader(_Bz2Streams(self.raw), READ_BYTES)
         elif kind == "xz":
             stream = lzma.LZMAFile(self.raw, "rb")
         elif kind == "zstd":

@@ -1,8 +1,10 @@
 """A chunk's work and the processes that do it: ChunkProcessor turns a chunk of documents into
 the arrays of its sequences (sentences, tokens, instances) and records it in the journal
-(save_chunk; load_chunk rebuilds it), WorkerPool runs it in --workers processes that end with the
-main process however it ends, and ordered_results gives the results back in chunk order, with
-progress."""
+(save_chunk; load_chunk rebuilds it), and deflates the hdf5 blocks the shards are made of;
+WorkerPool runs that in --workers processes that end with the main process however it ends, and
+ordered_results gives the results back in chunk order, with progress. The main process only
+coordinates: the documents come from a reader process (tools/prep/reader.py), the arrays from the
+workers, and what it writes the workers have compressed."""
 import collections
 import ctypes
 import json
@@ -15,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -68,7 +71,10 @@ class ChunkProcessor:
     def run(self, kind, *task):
         """A task of the pipeline: ("chunk", set name, chunk index, documents, shards, journal
         path) processes a chunk and records it in the journal; ("rebuild", set name, path) makes
-        the same result again from a recorded chunk."""
+        the same result again from a recorded chunk; ("deflate", block, level) is an hdf5 chunk's
+        bytes as the gzip filter stores them (tools/prep/shards.py)."""
+        if kind == "deflate":
+            return zlib.compress(*task)
         return self.rebuild(*task) if kind == "rebuild" else self(*task)
 
     def rebuild(self, set_name, path):
@@ -210,10 +216,11 @@ def _worker_main(tasks, results, settings, tokenizer, tokens_by_id, parent, inhe
 class WorkerPool:
     """--workers processes, each holding a ChunkProcessor (forked where possible: no re-import).
 
-    Chunk k goes to worker k mod N, and each worker answers on a pipe of its own, so the
-    results come back in order. The pipe's only writer is its worker: a worker that dies (the
-    out-of-memory killer, a signal), even in the middle of sending, is seen at once and the
-    wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
+    A task goes to the worker with the fewest tasks outstanding, and each worker answers on a
+    pipe of its own in the order of its tasks, so every result is known by its ticket (what
+    submit returns) whichever worker ran it. The pipe's only writer is its worker: a worker
+    that dies (the out-of-memory killer, a signal), even in the middle of sending, is seen at once
+    and the wait ends in a PrepareDataError naming it and how it ended, where a multiprocessing.Pool
     waits for its lost task forever. The other way round, the workers end with the main process
     (end_with_parent): a SIGKILLed run leaves none behind.
     """
@@ -241,33 +248,54 @@ class WorkerPool:
                 del os.environ["TOKENIZERS_PARALLELISM"]
             else:
                 os.environ["TOKENIZERS_PARALLELISM"] = saved
+        self.outstanding = [collections.deque() for _ in self.workers]   # each worker's tickets, in order
+        self.done = {}               # ticket -> (ok, value), received but not yet taken
         self.submitted = 0
-        self.received = 0
+        self.check_stop = lambda: None
 
     def submit(self, *task):
-        """Queue the next chunk (never blocks: the queue has a feeder thread)."""
-        self.workers[self.submitted % len(self.workers)][1].put(task)
+        """Queue a task (ChunkProcessor.run's arguments; never blocks: the queue has a feeder
+        thread); returns its ticket for result()."""
+        i = min(range(len(self.workers)), key=lambda w: len(self.outstanding[w]))
+        ticket = self.submitted
+        self.workers[i][1].put(task)
+        self.outstanding[i].append(ticket)
         self.submitted += 1
+        return ticket
 
-    def next_result(self, check_stop):
-        """The result of the oldest chunk not yet returned; `check_stop()` runs every 0.2 s."""
-        _, _, results = self.workers[self.received % len(self.workers)]
-        sentinels = [p.sentinel for p, _, _ in self.workers]
-        while True:
-            check_stop()
-            ready = multiprocessing.connection.wait([results] + sentinels, timeout=0.2)
-            if results in ready:
-                try:
-                    ok, value = results.recv()
-                except (EOFError, OSError):   # the worker died while sending
-                    raise PrepareDataError(self._how_workers_ended()) from None
-                break
-            if ready:
-                raise PrepareDataError(self._how_workers_ended())
-        self.received += 1
+    def deflate(self, block, level):
+        """A Future-like of zlib.compress(block, level) done by a worker (what Hdf5ShardWriter takes)."""
+        return _Deflated(self, self.submit("deflate", np.ascontiguousarray(block), level))
+
+    def result(self, ticket, check_stop=None):
+        """The result of task `ticket` (its exception raised); `check_stop()` runs every 0.2 s."""
+        while ticket not in self.done:
+            self._receive(0.2)
+            (check_stop or self.check_stop)()
+        ok, value = self.done.pop(ticket)
         if not ok:
             raise value
         return value
+
+    def ready(self, ticket):
+        """Whether task `ticket`'s result is in (without waiting)."""
+        if ticket not in self.done:
+            self._receive(0)
+        return ticket in self.done
+
+    def _receive(self, timeout):
+        """Take in every result ready within `timeout` seconds; a dead worker raises."""
+        pipes = [results for _, _, results in self.workers]
+        ready = multiprocessing.connection.wait(pipes + [p.sentinel for p, _, _ in self.workers], timeout=timeout)
+        for i, results in enumerate(pipes):
+            if results in ready and self.outstanding[i]:
+                try:
+                    outcome = results.recv()
+                except (EOFError, OSError):   # the worker died while sending
+                    raise PrepareDataError(self._how_workers_ended()) from None
+                self.done[self.outstanding[i].popleft()] = outcome
+        if any(p.sentinel in ready for p, _, _ in self.workers):   # a worker ends only once closed
+            raise PrepareDataError(self._how_workers_ended())
 
     def _how_workers_ended(self):
         ended = []
@@ -302,22 +330,36 @@ class WorkerPool:
             results.close()
 
 
-def ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
-    """Process chunks in order: yields (set name, result, input bytes, reused), with a progress
-    bar on a terminal and a plain progress line every PROGRESS_SECONDS otherwise.
+class _Deflated:
+    """A deflate task's result, as the part of a concurrent.futures.Future that Hdf5ShardWriter uses."""
+
+    def __init__(self, pool, ticket):
+        self.pool, self.ticket = pool, ticket
+
+    def done(self):
+        return self.pool.ready(self.ticket)
+
+    def result(self):
+        return self.pool.result(self.ticket)
+
+
+def ordered_results(chunks, pool, workers, total_bytes, check_stop):
+    """Process chunks in order on `pool`: yields (set name, result, input bytes, reused), with a
+    progress bar on a terminal and a plain progress line every PROGRESS_SECONDS otherwise.
 
     Each chunk is recorded in the journal at its path; one recorded by an unfinished run is
-    rebuilt from there (reused) instead. With a pool, at most 2 chunks per worker are in flight,
-    so memory stays bounded. `check_stop()` runs before each chunk and while waiting for a worker
-    (it raises to stop).
+    rebuilt from there (reused) instead. At most 2 chunks per worker are in flight, so memory
+    stays bounded. `check_stop()` runs before each chunk and while waiting for a worker (it
+    raises to stop).
     """
     in_flight = collections.deque()
     sequences = 0
     progress = _ProgressLines(total_bytes)
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare_data", disable=None,
               leave=False) as bar:
-        def emit(name, result, nbytes, reused):
+        def emit(name, ticket, nbytes, reused):
             nonlocal sequences
+            result = pool.result(ticket, check_stop)
             sequences += result[0].sequences
             bar.update(nbytes)
             bar.set_postfix(sequences=sequences, refresh=False)
@@ -330,17 +372,11 @@ def ordered_results(chunks, pool, processor, workers, total_bytes, check_stop):
             check_stop()
             reused = os.path.exists(path)
             task = ("rebuild", name, path) if reused else ("chunk", *task)
-            if pool is None:
-                yield emit(name, processor.run(*task), nbytes, reused)
-                continue
-            pool.submit(*task)
-            in_flight.append((name, nbytes, reused))
+            in_flight.append((name, pool.submit(*task), nbytes, reused))
             if len(in_flight) >= 2 * workers:
-                n, b, r = in_flight.popleft()
-                yield emit(n, pool.next_result(check_stop), b, r)
+                yield emit(*in_flight.popleft())
         while in_flight:
-            n, b, r = in_flight.popleft()
-            yield emit(n, pool.next_result(check_stop), b, r)
+            yield emit(*in_flight.popleft())
 
 
 class _ProgressLines:

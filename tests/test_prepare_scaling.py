@@ -1,0 +1,141 @@
+"""tools/prepare_data.py spread over processes: the main process only coordinates (the reader
+process reads and deals the documents, the workers make the arrays and deflate the hdf5 chunks),
+a multistream .bz2 is decompressed on threads, and the shards stay those of one worker."""
+import bz2
+import os
+import random
+import re
+import threading
+
+import pytest
+
+from tests.test_prepare_data import make_corpus, make_vocab
+from testkit import corpora as files
+from tools import prepare_data
+from tools.prep import layouts, workers
+from tools.prep.layouts import open_stream
+
+
+def streams(count=60, seed=0):
+    """(the text, a .bz2 of it in `count` streams, one of it in one stream)."""
+    rng = random.Random(seed)
+    words = [bytes(rng.choices(b"abcdefghijklmnop", k=rng.randint(2, 9))) for _ in range(500)]
+    pieces = [b" ".join(rng.choices(words, k=rng.randint(200, 3000))) + b"\n" for _ in range(count)]
+    return b"".join(pieces), b"".join(bz2.compress(p) for p in pieces), bz2.compress(b"".join(pieces))
+
+
+def read_all(path):
+    with open_stream(path) as (stream, raw):
+        return stream.read(), raw.tell()
+
+
+def test_a_multistream_bz2_is_decompressed_on_several_threads_to_the_same_bytes(tmp_path, monkeypatch):
+    text, multi, single = streams()
+    seen = set()
+    real = layouts._try_bz2_streams
+
+    def recorded(data):
+        seen.add(threading.current_thread().name)
+        return real(data)
+
+    monkeypatch.setattr(layouts, "_try_bz2_streams", recorded)
+    monkeypatch.setattr(layouts, "BZ2_THREADS", 3)
+    for name, blob in (("multi.bz2", multi), ("single.bz2", single)):
+        (tmp_path / name).write_bytes(blob)
+        assert read_all(tmp_path / name) == (text, len(blob)), name
+    assert len(seen) > 1 and all(name.startswith("bz2") for name in seen), seen
+
+
+def test_a_false_stream_start_and_a_stream_too_long_read_the_same(tmp_path, monkeypatch):
+    """A match of the stream start inside a stream cuts it in pieces that are no whole streams: they
+    are joined again; a stream longer than BZ2_STREAM_LIMIT is read on by BZ2File from its start."""
+    text, multi, single = streams(count=20, seed=1)
+    (tmp_path / "multi.bz2").write_bytes(multi)
+    (tmp_path / "single.bz2").write_bytes(single)
+    monkeypatch.setattr(layouts, "BZ2_STREAM_START", re.compile(rb"BZh[1-9]1AY&SY|[A-F]{2}"))
+    assert len(layouts.BZ2_STREAM_START.findall(multi)) > 3 * 20      # more false cuts than streams
+    assert read_all(tmp_path / "multi.bz2") == (text, len(multi))
+    monkeypatch.setattr(layouts, "BZ2_STREAM_START", re.compile(rb"BZh[1-9]1AY&SY"))
+    monkeypatch.setattr(layouts, "BZ2_STREAM_LIMIT", 4096)
+    assert read_all(tmp_path / "single.bz2") == (text, len(single))
+    assert read_all(tmp_path / "multi.bz2") == (text, len(multi))
+    (tmp_path / "cut.bz2").write_bytes(multi[:-50])
+    with pytest.raises(EOFError):
+        read_all(tmp_path / "cut.bz2")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scaling")
+    return make_corpus(root / "corpus.txt", documents=150, seed=3), make_vocab(root / "vocab.txt")
+
+
+def argv(corpus, out, workers, fmt="nvidia"):
+    data, vocab = corpus
+    return ["--input", str(data), "--output_dir", str(out), "--vocab_file", str(vocab), "--format", fmt,
+            "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--dupe_factor", "2", "--num_shards", "3",
+            "--validation_fraction", "0.1", "--chunk_size_mb", "0.002", "--workers", str(workers), "--prefix", "p"]
+
+
+def tree(out):
+    return {os.path.relpath(os.path.join(root, name), out): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(out) for name in names if name != "stats.json"}
+
+
+def test_the_main_process_reads_nothing_and_deflates_nothing(corpus, tmp_path, monkeypatch):
+    """Reading (documents, filters, chunks) runs in the reader process, deflating the hdf5 chunks in
+    the workers: the main process only hands out chunks and writes, in order. The processes record
+    their pid in a file each time they do either."""
+    log = tmp_path / "pids"
+    real_compress, real_chunks = workers.zlib.compress, prepare_data.iter_chunks
+
+    def note(what):
+        with open(log, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+    def compress(*args, **kwargs):
+        note("deflate")
+        return real_compress(*args, **kwargs)
+
+    def chunks(*args, **kwargs):
+        note("read")
+        yield from real_chunks(*args, **kwargs)
+
+    monkeypatch.setattr(workers.zlib, "compress", compress)
+    monkeypatch.setattr(prepare_data, "iter_chunks", chunks)
+    assert prepare_data.main(argv(corpus, tmp_path / "o", 2)) == 0
+    done = [line.split() for line in log.read_text().splitlines()]
+    deflating = {int(pid) for what, pid in done if what == "deflate"}
+    reading = {int(pid) for what, pid in done if what == "read"}
+    assert deflating and reading and os.getpid() not in deflating | reading, done
+    assert not deflating & reading
+
+
+@pytest.mark.parametrize("fmt", ["nvidia", "bing"])
+def test_the_shards_do_not_depend_on_the_number_of_workers(corpus, tmp_path, fmt):
+    """1, 2 and 3 workers (chunks and deflate tasks dealt to whichever worker is free) write the same
+    bytes: shards of both sets, the split's record."""
+    outs = []
+    for n in (1, 2, 3):
+        outs.append(tmp_path / f"w{n}")
+        assert prepare_data.main(argv(corpus, outs[-1], n, fmt)) == 0
+    first = tree(outs[0])
+    assert any(name.startswith("validation") for name in first) and len(first) > 5
+    for out in outs[1:]:
+        assert tree(out) == first
+
+
+def test_a_multistream_dump_makes_the_shards_bz2file_made(tmp_path, monkeypatch):
+    """prepare_data on a multistream MediaWiki dump read on threads, and with every stream read by
+    BZ2File (one stream too long for the threads, from the start): the same shards."""
+    vocab = make_vocab(tmp_path / "vocab.txt")
+    dump = files.write_mediawiki(str(tmp_path / "x-pages-articles-multistream.xml.bz2"),
+                                 list(files.synthetic_documents(120, seed=5)), multistream=True, pages_per_stream=10)
+    outs = {}
+    for name, limit in (("threads", layouts.BZ2_STREAM_LIMIT), ("bz2file", 16)):
+        monkeypatch.setattr(layouts, "BZ2_STREAM_LIMIT", limit)
+        outs[name] = tmp_path / name
+        assert prepare_data.main(["--input", dump, "--output_dir", str(outs[name]), "--vocab_file", str(vocab),
+                                  "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--dupe_factor", "1",
+                                  "--workers", "2", "--prefix", "p"]) == 0
+    assert tree(outs["threads"]) == tree(outs["bz2file"])
