@@ -20,12 +20,18 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
    reduction MB/s (tools/prep/sentences.py against mwparserfromhell's strip_code alone) and bz2
    decompression MB/s, for a projection to a Wikipedia dump. The other candidates are not in
    any requirements file: `pip install pysbd syntok spacy` first (a missing one is skipped).
-4. `--long_document_mb N`: the corpus with one more document of N MB of text first (a book, or a
+4. `--scaling`: per layout, `--filter_sets` and `--formats`, the same run at each `--workers`
+   count one after the other: the speed-up over the first count (wall clock: run it on a quiet
+   machine), MB of text per CPU second of all the run's processes (MB/s per core) and where the
+   CPU went (main process, reader process, workers); a markdown table on stdout.
+5. `--long_document_mb N`: the corpus with one more document of N MB of text first (a book, or a
    corpus without document breaks, in one record), per layout at the largest `--workers`: the
    peak RSS of the largest process, which the cut at --chunk_size_mb keeps bounded.
 
     python bench/bench_prepare.py --work /tmp/bp --mb 20 --workers 1 2 --splitters
     python bench/bench_prepare.py --work /tmp/bp --mb 2 --long_document_mb 40 --layouts jsonl --workers 2
+    python bench/bench_prepare.py --work /tmp/bp --mb 200 --scaling --layouts jsonl mediawiki text \
+        --filter_sets exact_dedup no_filter min_words --formats nvidia bing --workers 1 2
     nice python bench/bench_prepare.py --work /tmp/bp --mb 200 --layouts jsonl --workers 1 2 --resume jsonl \
         --output bench/results/prepare.jsonl
 """
@@ -50,12 +56,16 @@ from bench.common import append_json_lines, load_average  # noqa: E402
 from testkit import corpora as files  # noqa: E402
 from tools.prep import CorpusError  # noqa: E402
 from tools.prep.layouts import ReadOptions, find_sources  # noqa: E402
+from tools.prep.reader import PROCESS_NAME  # noqa: E402
 from tools.prep.sentences import SPLITTERS, SentenceSplitter, wikitext_to_text  # noqa: E402
 
 logger = logging.getLogger("bench_prepare")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLD = os.path.join(REPO, "bench", "data", "sentences_gold.txt")
 ALL_LAYOUTS = ("jsonl", "parquet", "hf", "wikiextractor", "mediawiki", "text", "text_docs")
+READER_NAME = PROCESS_NAME.decode()
+# --scaling's filter sets: the flags each adds to the run (the default keeps one copy of each document).
+FILTER_SETS = {"exact_dedup": [], "no_filter": ["--keep_duplicates"], "min_words": ["--min_document_words", "50"]}
 
 
 class ZipfDocuments:
@@ -121,9 +131,9 @@ def input_size(path):
     return os.path.getsize(path)
 
 
-def prepare_cmd(path, layout, out, vocab, workers):
+def prepare_cmd(path, layout, out, vocab, workers, fmt="nvidia"):
     cmd = [sys.executable, "-m", "tools.prepare_data", "--input", path, "--output_dir", out, "--vocab_file", vocab,
-           "--format", "nvidia", "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--dupe_factor", "5",
+           "--format", fmt, "--max_seq_length", "128", "--max_predictions_per_seq", "20", "--dupe_factor", "5",
            "--workers", str(workers), "--overwrite"]
     return cmd + (["--input_format", "text_docs"] if layout == "text_docs" else [])
 
@@ -140,6 +150,7 @@ def run_prepare(cmd, out):
     root = psutil.Process(proc.pid)
     peak_sum = peak_one = 0
     cpu = {}                                   # pid -> last CPU seconds seen
+    readers = set()                            # the pid of the reader process (tools/prep/reader.py)
     main_thread = 0.0                          # of those, the main process's main thread
     while proc.poll() is None:
         rss = []
@@ -148,6 +159,8 @@ def run_prepare(cmd, out):
                 rss.append(p.memory_info().rss)
                 times = p.cpu_times()
                 cpu[p.pid] = times.user + times.system
+                if p.name() == READER_NAME:
+                    readers.add(p.pid)
                 if p.pid == proc.pid:
                     main_thread = sum(t.user_time + t.system_time for t in p.threads() if t.id == p.pid)
             except psutil.Error:
@@ -161,8 +174,10 @@ def run_prepare(cmd, out):
     with open(os.path.join(out, "stats.json")) as f:
         stats = json.load(f)
     main_cpu = cpu.pop(proc.pid, 0.0)
+    reader_cpu = sum(cpu.pop(pid, 0.0) for pid in readers)
     stats["cpu"] = {"main_s": round(main_cpu, 1), "main_thread_s": round(main_thread, 1),
-                    "workers_s": round(sum(cpu.values()), 1)}
+                    "reader_s": round(reader_cpu, 1), "workers_s": round(sum(cpu.values()), 1),
+                    "busiest_worker_s": round(max(cpu.values(), default=0.0), 1)}
     return stats, wall, peak_sum / 2**20, peak_one / 2**20
 
 
@@ -208,6 +223,58 @@ def bench_layouts(args, make, text_bytes, vocab):
             if layout != args.resume:
                 shutil.rmtree(out)
     return records, inputs
+
+
+def bench_scaling(args, make, text_bytes, vocab):
+    """Per layout, filter set and format: the same run at each --workers count, one after the
+    other; wall-clock speed-up over the first count, and MB of text per CPU second of all the
+    run's processes (MB/s per core, which a busy machine does not change much), with where the
+    CPU went (main process, reader, workers). A table on stdout."""
+    records = []
+    for layout in args.layouts:
+        folder = os.path.join(args.work, f"in_{layout}_{args.mb}")
+        names = [n for n in os.listdir(folder) if not n.endswith(".cache")] if os.path.isdir(folder) else []
+        path = os.path.join(folder, names[0]) if names else write_corpus(layout, folder, make)
+        for filters in args.filter_sets:
+            for fmt in args.formats:
+                base = base_bound = None
+                for workers in args.workers:
+                    out = os.path.join(args.work, f"scaling_{layout}_{workers}")
+                    cmd = prepare_cmd(path, layout, out, vocab, workers, fmt) + FILTER_SETS[filters]
+                    stats, wall, _, peak_one = run_prepare(cmd, out)
+                    cpu = stats["cpu"]
+                    total = cpu["main_s"] + cpu["reader_s"] + cpu["workers_s"]
+                    seconds = stats["seconds"]
+                    base = base or seconds
+                    # On free cores a run takes at least its busiest process's CPU time and its
+                    # pipeline's CPU time shared over the cores (the main process's set-up, before
+                    # the pipeline, taken off): a speed-up a busy machine's wall clock cannot show.
+                    main = stats["main_cpu_seconds"]
+                    setup = max(cpu["main_s"] - main, 0.0)
+                    bound = max(cpu["busiest_worker_s"], cpu["reader_s"], main, (total - setup) / (os.cpu_count() or 1))
+                    base_bound = base_bound or bound
+                    rec = {"scaling_layout": layout, "filters": filters, "format": fmt, "workers": workers,
+                           "text_mb": round(text_bytes / 1e6, 1), "seconds": round(seconds, 1),
+                           "text_mb_per_s": round(text_bytes / 1e6 / seconds, 2),
+                           "speedup": round(base / seconds, 2), "cpu_bound_s": round(bound, 1),
+                           "cpu_bound_speedup": round(base_bound / bound, 2), "cpu_s": round(total, 1),
+                           "text_mb_per_cpu_s": round(text_bytes / 1e6 / total, 2),
+                           "main_cpu_s": cpu["main_s"], "main_pipeline_cpu_s": round(main, 2),
+                           "reader_cpu_s": cpu["reader_s"],
+                           "workers_cpu_s": cpu["workers_s"], "busiest_worker_cpu_s": cpu["busiest_worker_s"],
+                           "peak_rss_mb_largest_process": round(peak_one), "load_average": load_average()}
+                    logger.info("%s", rec)
+                    records.append(rec)
+                    shutil.rmtree(out)
+    print("| layout | filters | format | workers | s | MB/s of text | speed-up | CPU-bound speed-up "
+          "| MB per CPU s (per core) | CPU s: main (pipeline) / reader / workers (busiest) | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in records:
+        print(f"| {r['scaling_layout']} | {r['filters']} | {r['format']} | {r['workers']} | {r['seconds']} "
+              f"| {r['text_mb_per_s']} | {r['speedup']}x | {r['cpu_bound_speedup']}x | {r['text_mb_per_cpu_s']} | "
+              f"{r['main_cpu_s']} ({r['main_pipeline_cpu_s']}) / "
+              f"{r['reader_cpu_s']} / {r['workers_cpu_s']} ({r['busiest_worker_cpu_s']}) | {r['load_average']} |")
+    return records
 
 
 def bench_long_document(args, vocab):
@@ -366,6 +433,11 @@ def main(argv=None):
     p.add_argument("--splitters", action="store_true", help="also the splitter and wikitext measurements")
     p.add_argument("--reading", action="store_true",
                    help="only the main process's reading and filtering per layout (no prepare_data runs)")
+    p.add_argument("--scaling", action="store_true",
+                   help="only the runs of each layout, --filter_sets and --formats at each --workers count, "
+                        "one after the other: speed-up and MB per CPU second, a table on stdout")
+    p.add_argument("--filter_sets", nargs="+", default=["exact_dedup"], choices=list(FILTER_SETS))
+    p.add_argument("--formats", nargs="+", default=["nvidia"], choices=["nvidia", "bing"])
     p.add_argument("--long_document_mb", type=float, default=None,
                    help="only the peak memory with one more document of this many MB of text, per layout")
     p.add_argument("--vocab_mb", type=float, default=10, help="MB of generated text the bench's vocab is trained on")
@@ -389,6 +461,9 @@ def main(argv=None):
     records = []
     if args.reading:
         records += bench_reading(args, make, text_bytes)
+        args.layouts = []
+    if args.scaling:
+        records += bench_scaling(args, make, text_bytes, vocab)
         args.layouts = []
     if args.long_document_mb:
         records += bench_long_document(args, vocab)

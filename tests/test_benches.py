@@ -57,6 +57,11 @@ def test_bench_prepare(tmp_path):
           "jsonl", "--workers", 1, "--output", tmp_path / "prepare.jsonl")
     (record,) = json_lines(tmp_path / "prepare.jsonl")
     assert record["layout"] == "jsonl" and record["text_mb_per_s"] > 0
+    bench(tmp_path, "bench_prepare.py", "--work", tmp_path / "work", "--mb", 0.2, "--scaling", "--layouts", "jsonl",
+          "--workers", 1, 2, "--formats", "bing", "--output", tmp_path / "scaling.jsonl")
+    one, two = json_lines(tmp_path / "scaling.jsonl")
+    assert (one["workers"], two["workers"], one["speedup"]) == (1, 2, 1.0)
+    assert two["reader_cpu_s"] >= 0 and two["text_mb_per_cpu_s"] > 0
 
 
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(REPO, "bench")) if f.startswith("bench_")))

@@ -1,6 +1,7 @@
 """tools/prepare_data.py spread over processes: the main process only coordinates (the reader
 process reads and deals the documents, the workers make the arrays and deflate the hdf5 chunks),
-a multistream .bz2 is decompressed on threads, and the shards stay those of one worker."""
+a multistream .bz2 is decompressed on threads, and the shards stay those of one worker; and over
+machines: tools/prepare_parts.py runs the parts as datatrove tasks with completion markers."""
 import bz2
 import os
 import random
@@ -11,8 +12,8 @@ import pytest
 
 from tests.test_prepare_data import make_corpus, make_vocab
 from testkit import corpora as files
-from tools import prepare_data
-from tools.prep import layouts, workers
+from tools import prepare_data, prepare_parts
+from tools.prep import PrepareDataError, layouts, workers
 from tools.prep.layouts import open_stream
 
 
@@ -139,3 +140,61 @@ def test_a_multistream_dump_makes_the_shards_bz2file_made(tmp_path, monkeypatch)
                                   "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--dupe_factor", "1",
                                   "--workers", "2", "--prefix", "p"]) == 0
     assert tree(outs["threads"]) == tree(outs["bz2file"])
+
+
+# ----------------------------------------------------------------------------- parts by datatrove's executor
+
+def parts_argv(corpus, out, *extra):
+    data, vocab = corpus
+    return ["--num_parts", "2", "--input", str(data), "--output_dir", str(out), "--vocab_file", str(vocab),
+            "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--dupe_factor", "1",
+            "--validation_fraction", "0.1", "--workers", "1", "--prefix", "p", *extra]
+
+
+def dataset(out):
+    """What training and every later stage read of a parts folder: all but the logs and timings."""
+    return {name: data for name, data in tree(out).items()
+            if not name.startswith(prepare_parts.MARKERS) and not name.startswith("stats.")}
+
+
+@pytest.fixture(scope="module")
+def parts_reference(corpus, tmp_path_factory):
+    """The two parts made one after the other by prepare_data itself."""
+    out = tmp_path_factory.mktemp("reference")
+    argv = parts_argv(corpus, out)[2:]
+    for part in (0, 1):
+        assert prepare_data.main(argv + ["--num_parts", "2", "--part", str(part)]) == 0
+    return dataset(out)
+
+
+def test_a_relaunch_runs_only_the_parts_without_a_completion_marker(corpus, parts_reference, tmp_path, monkeypatch,
+                                                                    capsys):
+    out = tmp_path / "o"
+    ran, real = [], prepare_data.prepare
+
+    def lost_once(args, signals=None):        # part 1's machine is lost the first time
+        ran.append(args.part)
+        if args.part == 1 and ran.count(1) == 1:
+            raise PrepareDataError("lost machine")
+        return real(args, signals)
+
+    monkeypatch.setattr(prepare_data, "prepare", lost_once)
+    assert prepare_parts.main(parts_argv(corpus, out)) == 1
+    assert "error: parts 1 of 2 did not finish (PrepareDataError: lost machine)" in capsys.readouterr().err
+    assert os.listdir(out / prepare_parts.MARKERS / "completions") == ["00000"]
+    assert prepare_parts.main(parts_argv(corpus, out)) == 0
+    assert ran == [0, 1, 1]                    # part 0 not again
+    assert dataset(out) == parts_reference
+    assert prepare_parts.main(parts_argv(corpus, out)) == 0 and ran == [0, 1, 1]   # all done: nothing runs
+    capsys.readouterr()
+    assert prepare_parts.main(parts_argv(corpus, out, "--seed", "7")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "another prepare_parts command" in err and "--overwrite_markers" in err
+    assert ran == [0, 1, 1]
+
+
+def test_parts_run_side_by_side_in_the_executors_processes(corpus, parts_reference, tmp_path):
+    out = tmp_path / "o"
+    assert prepare_parts.main(parts_argv(corpus, out, "--parallel_parts", "2")) == 0
+    assert sorted(os.listdir(out / prepare_parts.MARKERS / "completions")) == ["00000", "00001"]
+    assert dataset(out) == parts_reference

@@ -292,7 +292,7 @@ def prepare(args, signals=None):
         summary = Summary(output_dir=out, fmt=args.format, input_bytes=sum(s.size for s in sources),
                           part=f"{args.part} of {args.num_parts}" if parts else "", tokenizer=tokenizer.record())
         summary.setup_seconds = time.perf_counter() - start
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         # The workers do all the work (a chunk's arrays, and the hdf5 chunks' deflating); the reader
         # process reads and deals the documents; this process hands out the chunks and writes.
         pool = WorkerPool(args.workers, settings, tokenizer, tokens_by_id, journal.descriptors())
@@ -322,6 +322,7 @@ def prepare(args, signals=None):
             logger.warning("%s", warning)
         _install(out, tmp, tokenizer, shard_sets, part_tag, args.part if parts else None)
         summary.seconds = time.perf_counter() - t0
+        summary.main_cpu_seconds = time.process_time() - cpu0
         summary.peak_mb = peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = peak_rss_mb(resource.RUSAGE_CHILDREN)
         write_stats(summary, tmp, out, f"stats.part{args.part:03d}.json" if parts else "stats.json")

@@ -29,6 +29,7 @@ class Summary:
     input_bytes: int = 0
     seconds: float = 0.0            # reading, tokenizing, building and writing the shards
     setup_seconds: float = 0.0      # vocab training and tokenizer set-up before that
+    main_cpu_seconds: float = 0.0   # CPU time of the main process (which only coordinates) in `seconds`
     peak_mb: float = 0.0            # peak resident memory of the main process
     peak_worker_mb: float = 0.0     # and of the largest pool worker (0: no pool)
     sets: dict = field(default_factory=dict)
@@ -51,6 +52,7 @@ class Summary:
                 "sentences": sum(s.sentences for s in self.sets.values()), "tokens": tokens,
                 "unk_tokens": unk, "unk_rate": unk / max(tokens, 1), "sequences": self.sequences,
                 "sets": sets, "seconds": round(self.seconds, 3), "setup_seconds": round(self.setup_seconds, 3),
+                "main_cpu_seconds": round(self.main_cpu_seconds, 3),
                 "mb_per_s": self.input_bytes / 1e6 / max(self.seconds, 1e-9),
                 "reused_chunks": self.reused_chunks, "reused_input_bytes": self.reused_bytes,
                 "peak_mb": round(self.peak_mb, 1), "peak_worker_mb": round(self.peak_worker_mb, 1),
