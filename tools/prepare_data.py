@@ -169,7 +169,9 @@ def build_parser():
     p.add_argument("--validation_fraction", type=float, default=0.0,
                    help="share of documents put in the validation set (0: none)")
     p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--workers", type=int, default=1, help="worker processes")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes, each a core's work (beside them a reader process reads the input, "
+                        "and the main process writes what the workers made)")
     p.add_argument("--chunk_size_mb", type=float, default=0.25,
                    help="text per unit of work; random next sentences come from the same chunk")
     p.add_argument("--prefix", default=None,
