@@ -262,7 +262,7 @@ def bench_scaling(args, make, text_bytes, vocab):
                            "main_cpu_s": cpu["main_s"], "main_pipeline_cpu_s": round(main, 2),
                            "reader_cpu_s": cpu["reader_s"],
                            "workers_cpu_s": cpu["workers_s"], "busiest_worker_cpu_s": cpu["busiest_worker_s"],
-                           "peak_rss_mb_largest_process": round(peak_one), "load_average": load_average()}
+                           "peak_rss_mb_largest_process": round(peak_one), "load_average_at_run": load_average()}
                     logger.info("%s", rec)
                     records.append(rec)
                     shutil.rmtree(out)
@@ -273,7 +273,7 @@ def bench_scaling(args, make, text_bytes, vocab):
         print(f"| {r['scaling_layout']} | {r['filters']} | {r['format']} | {r['workers']} | {r['seconds']} "
               f"| {r['text_mb_per_s']} | {r['speedup']}x | {r['cpu_bound_speedup']}x | {r['text_mb_per_cpu_s']} | "
               f"{r['main_cpu_s']} ({r['main_pipeline_cpu_s']}) / "
-              f"{r['reader_cpu_s']} / {r['workers_cpu_s']} ({r['busiest_worker_cpu_s']}) | {r['load_average']} |")
+              f"{r['reader_cpu_s']} / {r['workers_cpu_s']} ({r['busiest_worker_cpu_s']}) | {r['load_average_at_run']} |")
     return records
 
 

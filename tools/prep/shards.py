@@ -57,9 +57,10 @@ class Hdf5ShardWriter:
     """One NVIDIA shard: resizable gzip datasets, appended chunk by chunk.
 
     gzip is most of the cost of the NVIDIA format, so it does not run inside h5py in the
-    main thread: rows are gathered into whole hdf5 chunks, deflated by `compress` (a thread
-    pool: zlib releases the GIL) and stored with write_direct_chunk, in order, so the file is
-    the same as h5py's own gzip filter would make (the deflate filter is zlib's format).
+    main process: rows are gathered into whole hdf5 chunks, deflated by `compress` (which
+    returns a future: prepare_data's worker processes do it) and stored with write_direct_chunk,
+    in order, so the file is the same as h5py's own gzip filter would make (the deflate filter is
+    zlib's format).
     """
 
     MAX_QUEUED = 64                # chunks in the compressor's queue (~16 MB)
