@@ -14,6 +14,7 @@ import multiprocessing.connection
 import os
 import pickle
 import random
+import selectors
 import signal
 import struct
 import sys
@@ -292,6 +293,11 @@ class WorkerPool:
         self.done = {}               # ticket -> (ok, value), received but not yet taken
         self.submitted = 0
         self.check_stop = lambda: None
+        # What _receive waits on, registered once (multiprocessing.connection.wait makes a selector a call).
+        self.selector = selectors.DefaultSelector()
+        for i, (process, _, results) in enumerate(self.workers):
+            self.selector.register(results.fileno(), selectors.EVENT_READ, i)
+            self.selector.register(process.sentinel, selectors.EVENT_READ, None)
 
     def submit(self, *task):
         """Queue a task (ChunkProcessor.run's arguments; never blocks: the queue has a feeder
@@ -325,16 +331,15 @@ class WorkerPool:
 
     def _receive(self, timeout):
         """Take in every result ready within `timeout` seconds; a dead worker raises."""
-        pipes = [results for _, _, results in self.workers]
-        ready = multiprocessing.connection.wait(pipes + [p.sentinel for p, _, _ in self.workers], timeout=timeout)
-        for i, results in enumerate(pipes):
-            if results in ready and self.outstanding[i]:
+        ready = [key.data for key, _ in self.selector.select(timeout)]
+        for i in sorted(i for i in ready if i is not None):
+            if self.outstanding[i]:
                 try:
-                    outcome = receive_result(results.fileno())
+                    outcome = receive_result(self.workers[i][2].fileno())
                 except (EOFError, OSError):   # the worker died while sending
                     raise PrepareDataError(self._how_workers_ended()) from None
                 self.done[self.outstanding[i].popleft()] = outcome
-        if any(p.sentinel in ready for p, _, _ in self.workers):   # a worker ends only once closed
+        if None in ready:   # a sentinel: a worker ends only once closed
             raise PrepareDataError(self._how_workers_ended())
 
     def _how_workers_ended(self):
@@ -364,6 +369,7 @@ class WorkerPool:
         self._release()
 
     def _release(self):
+        self.selector.close()
         for process, tasks, results in self.workers:
             process.join()
             tasks.close()
