@@ -17,6 +17,12 @@ one document) is cut into pieces of that size, with a warning and counts. Exact 
 same text up to case and whitespace) are read once; documents under --min_document_words are
 dropped; both are counted in OUT/stats.json.
 
+Document stages (tools/prep/stages.py), in the main process, in this order, each counted by rule in
+stats.json's `filters` and the summary; --keep_filtered DIR writes what each removed (STAGE.jsonl):
+--decontaminate FILE...
+(training documents sharing a 13-word sequence with evaluation sets, dropped or cut).
+With every stage off the shards are those of a run without them, byte for byte.
+
 Output folder:
     OUT/vocab.txt | OUT/tokenizer.json     the tokenizer the shards were made with (--tokenizer: a WordPiece
                                            vocab.txt, or a Hugging Face tokenizer.json with
@@ -88,11 +94,13 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.prep import TRAIN, VALIDATION, CorpusError, InputNotFoundError, PrepareDataError
+from tools.prep.decontam import DEFAULT_MIN_WORDS, DEFAULT_NGRAM, Decontaminator, evaluation_files
 from tools.prep.documents import CorpusReader
 from tools.prep.filters import DocumentFilter, SplitRecord, iter_chunks
 from tools.prep.journal import Journal, run_fingerprint
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
+from tools.prep.stages import DocumentStages
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
 from tools.prep.vocab import build_vocab, check_tokenizer
 from tools.prep.workers import ChunkProcessor, Settings, WorkerPool, ordered_results
@@ -132,6 +140,19 @@ def build_parser():
                    help="drop documents of fewer words (counted in the summary and stats.json)")
     p.add_argument("--keep_duplicates", action="store_true",
                    help="keep exact duplicate documents (default: one copy; same text up to case and whitespace)")
+    p.add_argument("--decontaminate", nargs="+", default=None, metavar="FILE",
+                   help="evaluation sets (GLUE .tsv files or folders as finetune_glue reads, minimal-pair .jsonl "
+                        "as eval_mlm reads, plain text one a line): training documents sharing a "
+                        "--decontaminate_ngram-word sequence with them are dropped (or cut)")
+    p.add_argument("--decontaminate_ngram", type=int, default=DEFAULT_NGRAM,
+                   help="words in the sequences compared (GPT-3's and datatrove's 13)")
+    p.add_argument("--decontaminate_min_words", type=int, default=DEFAULT_MIN_WORDS,
+                   help="a shorter evaluation text of at least this many words matches where it occurs whole "
+                        "(GPT-3's smallest N, 8); shorter ones are not used")
+    p.add_argument("--decontaminate_action", choices=["drop", "cut"], default="drop",
+                   help="drop a matching training document, or cut the lines (sentences, paragraphs) that match")
+    p.add_argument("--keep_filtered", default=None, metavar="DIR",
+                   help="write the documents the stages above removed here, one STAGE.jsonl a stage")
     p.add_argument("--num_parts", type=int, default=1, help="split the work over N machines (see --part)")
     p.add_argument("--part", type=int, default=0,
                    help="0-based: this machine's share of --num_parts, shards named by part in the same folders")
@@ -213,6 +234,11 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    sets = [os.path.abspath(os.path.join(args.output_dir, sub)) for sub in (TRAIN, VALIDATION)]
+    if args.keep_filtered is not None and any((os.path.abspath(args.keep_filtered) + os.sep).startswith(s + os.sep)
+                                              for s in sets):
+        raise PrepareDataError(f"--keep_filtered {args.keep_filtered}: inside --output_dir's train/ or validation/, "
+                               "which training reads whole; give another folder")
     if args.prefix is not None and (os.path.basename(args.prefix) != args.prefix or args.prefix in ("", ".", "..")):
         raise PrepareDataError(f"--prefix {args.prefix!r}: a file name prefix, not a path; the shards go in "
                                "--output_dir's train/ and validation/")
@@ -263,18 +289,19 @@ def prepare(args, signals=None):
     given = args.vocab_file
     args = resolved_tokenizer(args)
     sources = input_sources(args)
+    chosen = document_stages(args)   # their evaluation sets read and models loaded: errors before any work
     out = args.output_dir
     parts = args.num_parts > 1
     part_tag = f"part{args.part:03d}_" if parts else ""
     journal = Journal(out, f".part{args.part}of{args.num_parts}" if parts else "")
-    fingerprint = run_fingerprint(args, sources)
+    fingerprint = run_fingerprint(args, sources, [f for p in args.decontaminate or () for f in evaluation_files(p)])
     check_output_dir(args, resuming=journal.previous() == fingerprint, part_tag=part_tag or None)
     os.makedirs(out, exist_ok=True)
     done = journal.open(fingerprint, args.overwrite)
     if done:
         logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
     tmp = journal.tmp
-    pool = deflater = record = None
+    pool = deflater = record = stages = None
     shard_sets = {}
     finished = False
     try:
@@ -308,24 +335,28 @@ def prepare(args, signals=None):
                                         shards, settings, prefix, compress, part_tag)
             summary.sets[name] = SetStats()
 
+        stages = DocumentStages(chosen, args.keep_filtered)
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
         record = SplitRecord(tmp, args.part if parts else None)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
                   for name, index, docs, nbytes in iter_chunks(documents, chunk_bytes, args.validation_fraction,
-                                                               keep, record))
+                                                               keep, record, stages or None))
         _collect(ordered_results(chunks, pool, processor, args.workers, summary.input_bytes, signals.check),
                  summary, shard_sets)
         if pool:
             pool.close()
             pool = None
         summary.read = read_counts(documents, keep)
+        if stages:
+            summary.read["filters"] = stages.counts()
 
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case)
         for warning in documents.warnings():
             logger.warning("%s", warning)
         record.finish(args, keep.read + keep.other_parts)
         _install(out, tmp, tokenizer, shard_sets, part_tag, record, args.part if parts else None)
+        stages.install()
         summary.seconds = time.perf_counter() - t0
         summary.peak_mb = peak_rss_mb(resource.RUSAGE_SELF)
         summary.peak_worker_mb = peak_rss_mb(resource.RUSAGE_CHILDREN) if args.workers > 1 else 0.0
@@ -341,10 +372,21 @@ def prepare(args, signals=None):
             shard_set.close()
         if record:
             record.close()
+        if stages is not None:
+            stages.close()
         kept = journal.close(finished)
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
                            kept, journal.folder)
+
+
+def document_stages(args):
+    """The stages the flags turn on, in order: --decontaminate."""
+    stages = []
+    if args.decontaminate:
+        stages.append(Decontaminator(args.decontaminate, args.decontaminate_ngram, args.decontaminate_min_words,
+                                     args.decontaminate_action))
+    return stages
 
 
 def input_sources(args):

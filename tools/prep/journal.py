@@ -21,21 +21,31 @@ OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad
                 "build_vocab", "vocab_sample_mb", "do_lower_case", "max_seq_length", "max_predictions_per_seq",
                 "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",
                 "validation_fraction", "seed", "chunk_size_mb", "prefix", "min_document_words", "keep_duplicates",
-                "num_parts", "part")
+                "num_parts", "part", "decontaminate", "decontaminate_ngram", "decontaminate_min_words",
+                "decontaminate_action")
 
 
-def run_fingerprint(args, sources):
+def run_fingerprint(args, sources, evaluation_files=()):
     """What the finished chunks of a run depend on: the flags, the inputs (path, size, modification
-    time) and the vocab's content."""
-    vocab = None
-    if args.vocab_file is not None:
-        with open(args.vocab_file, "rb") as f:
-            vocab = hashlib.sha256(f.read()).hexdigest()
+    time), the vocab's content and that of the evaluation sets (--decontaminate's files)."""
+    vocab = _sha256([args.vocab_file]) if args.vocab_file is not None else None
     inputs = []
     for source in sources:
         stamp = 0 if source.name else _modified(source.path)
         inputs.append([source.path if source.name else os.path.abspath(source.path), source.size, stamp])
-    return {"flags": {k: getattr(args, k) for k in OUTPUT_FLAGS}, "inputs": inputs, "vocab_sha256": vocab}
+    fingerprint = {"flags": {k: getattr(args, k) for k in OUTPUT_FLAGS}, "inputs": inputs, "vocab_sha256": vocab}
+    if evaluation_files:
+        fingerprint["evaluation_sha256"] = _sha256(evaluation_files)
+    return fingerprint
+
+
+def _sha256(paths):
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _modified(path):
@@ -183,6 +193,8 @@ def _difference(previous, now):
             return f"other settings (--{key} {flags_then.get(key)} then, {flags_now.get(key)} now)"
     if previous.get("vocab_sha256") != now["vocab_sha256"]:
         return "another vocab (--vocab_file's content changed)"
+    if previous.get("evaluation_sha256") != now.get("evaluation_sha256"):
+        return "other evaluation sets (--decontaminate's files changed)"
     then = {p: (size, stamp) for p, size, stamp in previous.get("inputs", [])}
     for path, size, stamp in now["inputs"]:
         if then.get(path) != (size, stamp):

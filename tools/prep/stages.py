@@ -1,0 +1,83 @@
+"""The document stages a run turns on (decontamination), run in
+the main process on each document the exact-duplicate filter kept, in input order: what each
+removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
+themselves, one jsonl file a stage, for a person to read.
+
+A stage is a callable `stage(set name, document number, document) -> (document, removal)`: the
+document kept as it was, or cut (a shorter document of the same kind), or None when dropped;
+`removal` is None for a document left whole, else Removal(rule, text removed). Each stage has a
+`name` and `counts` (rule -> documents dropped, or cut). No stage sees another part's documents
+(--num_parts) or an exact duplicate, so with every stage off the pipeline is the one without them."""
+import json
+import os
+from typing import NamedTuple
+
+
+class Removal(NamedTuple):
+    rule: str        # which rule removed it: a quality rule's name, "ngram_13", "language", ...
+    text: str        # what was removed: the whole document, or the lines cut
+
+
+def document_text(document):
+    """A document as one string: a list of sentences one a line."""
+    return "\n".join(document) if isinstance(document, list) else str(document)
+
+
+class DocumentStages:
+    """The stages in order; a document one of them drops goes no further. `keep_filtered`: a folder
+    for the removed documents (written as .tmp files there, renamed into place by `install`, so a
+    run that stops leaves the files of the last run that finished)."""
+
+    def __init__(self, stages, keep_filtered=None):
+        self.stages = list(stages)
+        self.keep_filtered = keep_filtered
+        self._files = {}
+        if keep_filtered is not None:
+            os.makedirs(keep_filtered, exist_ok=True)
+
+    def __bool__(self):
+        return bool(self.stages)
+
+    def __call__(self, set_name, number, document):
+        for stage in self.stages:
+            document, removal = stage(set_name, number, document)
+            if removal is not None:
+                self._write(stage.name, set_name, number, removal, cut=document is not None)
+            if document is None:
+                return None
+        return document
+
+    def counts(self):
+        """stats.json's `filters`: per stage, the documents each rule removed (or cut), and the
+        stage's settings (`info`)."""
+        return {stage.name: {"removed": dict(sorted(stage.counts.items())), **getattr(stage, "info", {})}
+                for stage in self.stages}
+
+    def _write(self, stage_name, set_name, number, removal, cut):
+        if self.keep_filtered is None:
+            return
+        f = self._files.get(stage_name)
+        if f is None:
+            f = self._files[stage_name] = open(self._tmp(stage_name), "w", encoding="utf-8")
+        f.write(json.dumps({"document": number, "set": set_name, "rule": removal.rule, "cut": cut,
+                            "text": removal.text}, ensure_ascii=False) + "\n")
+
+    def install(self):
+        """Move the removed documents' files into --keep_filtered (a stage that removed nothing: an
+        empty file, so the folder always says which stages ran)."""
+        if self.keep_filtered is None:
+            return
+        self.close()
+        for stage in self.stages:
+            path = self._tmp(stage.name)
+            if not os.path.exists(path):
+                open(path, "w").close()
+            os.replace(path, os.path.join(self.keep_filtered, f"{stage.name}.jsonl"))
+
+    def _tmp(self, stage_name):
+        return os.path.join(self.keep_filtered, f".{stage_name}.jsonl.tmp")
+
+    def close(self):
+        for f in self._files.values():
+            f.close()
+        self._files = {}
