@@ -1,5 +1,5 @@
 """tools/prepare_data.py's document stages (tools/prep/stages.py):
-decontamination, --keep_filtered; what each removed in stats.json,
+decontamination, language and quality filters, --keep_filtered; what each removed in stats.json,
 the same shards with every stage off or removing nothing, and a resume after SIGKILL with all on."""
 import json
 import os
@@ -13,6 +13,7 @@ from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
 from tools.prep.journal import WORK_DIR, run_fingerprint
 from tools.prep.layouts import find_sources
+from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.summary import Summary
 
 GERMAN = ("Die Stadt liegt am Ufer des Flusses und wurde im Mittelalter gegründet. Im Jahr 1850 wurde die erste "
@@ -134,10 +135,48 @@ def test_a_run_decontaminates_against_another_run_s_held_out_documents(planted, 
     assert stats["sets"]["validation"]["documents"] == 4      # the held-out documents themselves stay
 
 
+def test_an_other_language_document_is_dropped(planted, tmp_path):
+    root, corpus, _, vocab = planted
+    docs = corpus[:10] + [("Stadt", [GERMAN])] + corpus[10:20]
+    path = files.write_jsonl(str(tmp_path / "mixed.jsonl"), docs)
+    stats = run(path, vocab, tmp_path / "o", "--languages", "en", "--keep_filtered", tmp_path / "o" / "kept")
+    assert stats["filters"]["language"]["removed"] == {"language_de": 1}
+    assert [r["document"] for r in removed(tmp_path / "o", "language")] == [10]
+    assert run(path, vocab, tmp_path / "de", "--languages", "de")["documents_kept"] == 1
 
 
+def test_quality_rules_count_what_each_removed(planted, tmp_path):
+    root, corpus, _, vocab = planted
+    good = corpus[:5]
+    para = [" ".join(doc[1]) for doc in corpus[30:34]]      # (each its own: no near duplicates)
+    bad = [("short", ["The town was built by the river in the first year."]),                    # min_words
+           ("lines", ["The river and the town.\n" * 30 + para[0]]),                                # duplicate lines
+           ("lorem", [para[1] + " Lorem ipsum dolor sit amet of the town and the river."]),      # C4's lorem ipsum
+           ("bullets", ["\n".join("- the " + " ".join(para[2].split()[i:i + 6]) for i in range(0, 120, 6))]),
+           ("symbols", [para[3] + " #tag" * 30])]
+    path = files.write_jsonl(str(tmp_path / "q.jsonl"), good + bad)
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--quality_filter", "--keep_filtered", out / "kept")
+    assert stats["filters"]["quality"]["removed"] == {
+        "min_words": 1, "max_duplicate_lines": 1, "c4_lorem_ipsum": 1, "max_bullet_lines": 1,
+        "max_symbol_word_ratio": 1}
+    assert [(r["document"], r["rule"]) for r in removed(out, "quality")] == [
+        (5, "min_words"), (6, "max_duplicate_lines"), (7, "c4_lorem_ipsum"), (8, "max_bullet_lines"),
+        (9, "max_symbol_word_ratio")]
+    assert stats["documents_kept"] == 5
+    relaxed = run(path, vocab, tmp_path / "r", "--quality_filter", "--quality_threshold", "min_words=5",
+                  "c4_lorem_ipsum=0")
+    assert relaxed["filters"]["quality"]["removed"] == {"max_duplicate_lines": 1, "max_bullet_lines": 1,
+                                                        "max_symbol_word_ratio": 1}
 
 
+def test_gopher_repetition_rules_on_their_own():
+    para = " ".join(w for _, doc in english(3, seed=2) for p in doc for w in p.split())
+    rules = QualityFilter(parse_thresholds(None))
+    assert rules.failed_rule(para) is None
+    # its most frequent 3-gram holds 25% of the characters (Gopher's limit: 18%), its 2-gram 18% (20%)
+    assert rules.failed_rule(para + (" the old castle" * int(0.025 * len(para)))) == "max_top_3gram"
+    assert rules.failed_rule("\n\n".join([para[:400]] * 3 + [para])) == "max_duplicate_paragraphs"
 
 
 def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path):
@@ -148,12 +187,18 @@ def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path
     off = tmp_path / "off"
     run(path, vocab, off, "--validation_fraction", 0.1)
     on = tmp_path / "on"
-    stats = run(path, vocab, on, "--validation_fraction", 0.1, "--decontaminate", unrelated, "--prefix", "off")
+    stats = run(path, vocab, on, "--validation_fraction", 0.1, "--decontaminate", unrelated, "--languages", "en",
+                "--quality_filter", "--quality_threshold", "min_words=0", "min_stop_words=0", "--prefix", "off")
     assert all(sum(f["removed"].values()) == 0 for f in stats["filters"].values()), stats["filters"]
     assert shard_bytes(on) == shard_bytes(off) and shard_bytes(off)
 
 
 @pytest.mark.parametrize("flags, expected", [
+    (["--quality_threshold", "min_words=5"], "--quality_threshold without --quality_filter"),
+    (["--quality_filter", "--quality_threshold", "min_word=5"], "--quality_threshold min_word=5: expected NAME=VALUE"),
+    (["--quality_filter", "--quality_threshold", "max_bullet_lines=1.5"], "max_bullet_lines must be a share in [0, 1]"),
+    (["--quality_filter", "--quality_threshold", "min_words=-1"], "min_words must be a whole number >= 0"),
+    (["--languages", "en", "xx"], "--languages xx: not a language the model knows"),
     (["--decontaminate", "MISSING"], "missing.tsv: no such file or folder"),
     (["--decontaminate", "LATIN1"], "latin1.txt: not UTF-8 text (byte 3"),
     (["--decontaminate", "BADJSON"], "bad.jsonl: line 2 is not JSON"),
@@ -184,7 +229,7 @@ def test_a_resume_with_other_filter_settings_is_refused(planted, tmp_path, capsy
                                   find_sources([path]))
     (killed / WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
     np.savez(killed / WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
-    for extra, said in ((["--decontaminate_action", "cut"], "--decontaminate_action drop then, cut now"),):
+    for extra, said in ((["--quality_filter"], "--quality_filter False then, True now"),):
         assert prepare_data.main(argv + extra) == 2
         assert said in capsys.readouterr().err
 
@@ -198,7 +243,8 @@ def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
     vocab = make_vocab(tmp_path / "vocab.txt", docs, GERMAN.lower())
     evaluation = tmp_path / "eval.txt"
     evaluation.write_text("\n".join(" ".join(doc[1][0].split()[:14]) for doc in docs[5:60:11]) + "\n")
-    flags = ["--format", "nvidia", "--chunk_size_mb", "0.004", "--num_shards", 2, "--decontaminate", evaluation]
+    flags = ["--format", "nvidia", "--chunk_size_mb", "0.004", "--num_shards", 2, "--decontaminate", evaluation,
+             "--languages", "en", "--quality_filter", "--quality_threshold", "min_words=100"]
     out = tmp_path / "o"
     argv = argv_of(path, vocab, out, *flags, "--keep_filtered", out / "kept")
     kill_after_chunks(argv, out, 4)
@@ -206,7 +252,7 @@ def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
     fresh = tmp_path / "fresh"
     stats = run(path, vocab, fresh, *flags, "--prefix", "o", "--keep_filtered", fresh / "kept")
     assert shard_bytes(out) == shard_bytes(fresh)
-    for stage in ("decontaminate",):
+    for stage in ("decontaminate", "language", "quality"):
         assert removed(out, stage) == removed(fresh, stage)
         assert sum(stats["filters"][stage]["removed"].values()) > 0, stage
     assert json.loads((out / "stats.json").read_text())["filters"] == stats["filters"]

@@ -20,7 +20,8 @@ dropped; both are counted in OUT/stats.json.
 Document stages (tools/prep/stages.py), in the main process, in this order, each counted by rule in
 stats.json's `filters` and the summary; --keep_filtered DIR writes what each removed (STAGE.jsonl):
 --decontaminate FILE...
-(training documents sharing a 13-word sequence with evaluation sets, dropped or cut).
+(training documents sharing a 13-word sequence with evaluation sets, dropped or cut), --languages
+CODE... (py3langid), --quality_filter (Gopher's and C4's rules; --quality_threshold NAME=VALUE).
 With every stage off the shards are those of a run without them, byte for byte.
 
 Output folder:
@@ -98,7 +99,9 @@ from tools.prep.decontam import DEFAULT_MIN_WORDS, DEFAULT_NGRAM, Decontaminator
 from tools.prep.documents import CorpusReader
 from tools.prep.filters import DocumentFilter, SplitRecord, iter_chunks
 from tools.prep.journal import Journal, run_fingerprint
+from tools.prep.language import LanguageFilter
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
+from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
 from tools.prep.stages import DocumentStages
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
@@ -151,6 +154,13 @@ def build_parser():
                         "(GPT-3's smallest N, 8); shorter ones are not used")
     p.add_argument("--decontaminate_action", choices=["drop", "cut"], default="drop",
                    help="drop a matching training document, or cut the lines (sentences, paragraphs) that match")
+    p.add_argument("--languages", nargs="+", default=None, metavar="CODE",
+                   help="keep only documents in these languages (ISO 639-1, as py3langid names them: en de ...)")
+    p.add_argument("--quality_filter", action="store_true",
+                   help="drop documents failing Gopher's quality and repetition rules and C4's page rules "
+                        "(tools/prep/quality.py lists them, with the published thresholds)")
+    p.add_argument("--quality_threshold", nargs="+", default=None, metavar="NAME=VALUE",
+                   help="--quality_filter: another threshold for a rule (e.g. min_words=20)")
     p.add_argument("--keep_filtered", default=None, metavar="DIR",
                    help="write the documents the stages above removed here, one STAGE.jsonl a stage")
     p.add_argument("--num_parts", type=int, default=1, help="split the work over N machines (see --part)")
@@ -234,6 +244,9 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    if args.quality_threshold and not args.quality_filter:
+        raise PrepareDataError("--quality_threshold without --quality_filter: add --quality_filter to run the rules")
+    parse_thresholds(args.quality_threshold)
     sets = [os.path.abspath(os.path.join(args.output_dir, sub)) for sub in (TRAIN, VALIDATION)]
     if args.keep_filtered is not None and any((os.path.abspath(args.keep_filtered) + os.sep).startswith(s + os.sep)
                                               for s in sets):
@@ -381,11 +394,15 @@ def prepare(args, signals=None):
 
 
 def document_stages(args):
-    """The stages the flags turn on, in order: --decontaminate."""
+    """The stages --decontaminate, --languages and --quality_filter turn on, in that order."""
     stages = []
     if args.decontaminate:
         stages.append(Decontaminator(args.decontaminate, args.decontaminate_ngram, args.decontaminate_min_words,
                                      args.decontaminate_action))
+    if args.languages:
+        stages.append(LanguageFilter(args.languages))
+    if args.quality_filter:
+        stages.append(QualityFilter(parse_thresholds(args.quality_threshold)))
     return stages
 
 

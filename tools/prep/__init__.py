@@ -6,6 +6,8 @@
                 goes to (the split), in chunks; the record of the split beside the shards
     stages      the document stages a run turns on, in order, what each removed, --keep_filtered:
       decontam    --decontaminate: training documents sharing 13-word sequences with evaluation sets
+      language    --languages: language ID (py3langid)
+      quality     --quality_filter: Gopher's quality and repetition rules, C4's page rules
       ngrams      the words and word n-gram hashes they compare
     sentences   a document to its sentences: wikitext to text, the sentence splitter
     vocab       --build_vocab's WordPiece training (on a bounded sample), the vocab's checks

@@ -22,7 +22,7 @@ OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad
                 "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",
                 "validation_fraction", "seed", "chunk_size_mb", "prefix", "min_document_words", "keep_duplicates",
                 "num_parts", "part", "decontaminate", "decontaminate_ngram", "decontaminate_min_words",
-                "decontaminate_action")
+                "decontaminate_action", "languages", "quality_filter", "quality_threshold")
 
 
 def run_fingerprint(args, sources, evaluation_files=()):
