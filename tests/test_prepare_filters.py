@@ -1,4 +1,4 @@
-"""tools/prepare_data.py's document stages (tools/prep/stages.py):
+"""tools/prepare_data.py's document stages (tools/prep/stages.py): near duplicates (on by default),
 decontamination, language and quality filters, --keep_filtered; what each removed in stats.json,
 the same shards with every stage off or removing nothing, and a resume after SIGKILL with all on."""
 import json
@@ -11,8 +11,10 @@ import pytest
 from testkit import corpora as files
 from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
+from tools.prep import neardup
+from tools.prep.documents import CorpusReader
 from tools.prep.journal import WORK_DIR, run_fingerprint
-from tools.prep.layouts import find_sources
+from tools.prep.layouts import ReadOptions, find_sources
 from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.summary import Summary
 
@@ -81,6 +83,16 @@ def planted(tmp_path_factory):
     return root, corpus, path, make_vocab(root / "vocab.txt", corpus, GERMAN.lower())
 
 
+def test_planted_near_duplicates_are_found_and_written_for_a_look(planted, tmp_path):
+    root, corpus, path, vocab = planted
+    stats = run(path, vocab, tmp_path / "o", "--keep_filtered", tmp_path / "o" / "kept")
+    near = stats["filters"]["near_dedup"]
+    assert near["removed"] == {"near_duplicate": 6} and (near["bands"], near["rows"]) == (14, 8)
+    assert stats["documents_kept"] == 40
+    assert [r["document"] for r in removed(tmp_path / "o", "near_dedup")] == list(range(40, 46))
+    assert any("filters: near_dedup 6" in line for line in _lines(stats))
+    off = run(path, vocab, tmp_path / "off", "--no_near_dedup")
+    assert "filters" not in off and off["documents_kept"] == 46
 
 
 def _lines(stats):
@@ -89,8 +101,41 @@ def _lines(stats):
         "documents_read", "duplicates", "layouts", "filters")}).lines()
 
 
+def test_near_duplicates_across_parts_are_those_of_one_run(planted, tmp_path):
+    """Every part signs the whole input: a copy whose original went to another part is found."""
+    root, corpus, path, vocab = planted
+    whole = run(path, vocab, tmp_path / "one")["filters"]["near_dedup"]["removed"]["near_duplicate"]
+    parts = [run(path, vocab, tmp_path / "parts", "--num_parts", 2, "--part", k, "--overwrite")
+             for k in (0, 1)]
+    assert sum(p["filters"]["near_dedup"]["removed"]["near_duplicate"] for p in parts) == whole == 6
+    assert sum(p["documents_kept"] for p in parts) == 40
 
 
+def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypatch):
+    root, corpus, path, vocab = planted
+    monkeypatch.setattr(neardup, "BLOCK", 8)
+    sources = find_sources([path])
+
+    def documents():
+        return CorpusReader(sources, ReadOptions())
+
+    fresh = neardup.SignaturePass(str(tmp_path / "fresh"), seed=1).run(documents())
+    calls = []
+
+    def stop_after_two_blocks():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    stopped = neardup.SignaturePass(str(tmp_path / "s"), seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        stopped.run(documents(), stop_after_two_blocks)
+    assert sorted(os.listdir(tmp_path / "s")) == ["signatures_0000000.npy", "signatures_0000001.npy"]
+    signed, shingles = [], neardup.shingles
+    monkeypatch.setattr(neardup, "shingles", lambda text, n: signed.append(1) or shingles(text, n))
+    again = neardup.SignaturePass(str(tmp_path / "s"), seed=1).run(documents())
+    assert len(signed) == len(corpus) - 16            # the two blocks written are not signed again
+    assert again.tolist() == fresh.tolist() == list(range(40, 46))
 
 
 def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp_path):
@@ -105,7 +150,8 @@ def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp
     pairs.write_text(json.dumps({"sentence_good": long.upper(), "sentence_bad": "Not in the corpus at all",
                                  "UID": "x", "pairID": "0"}) + "\n")
     out = tmp_path / "o"
-    stats = run(path, vocab, out, "--decontaminate", tmp_path / "glue", pairs, "--keep_filtered", out / "kept")
+    stats = run(path, vocab, out, "--decontaminate", tmp_path / "glue", pairs, "--keep_filtered", out / "kept",
+                "--no_near_dedup")
     decontam = stats["filters"]["decontaminate"]
     assert decontam["removed"] == {"ngram_13": 2} and decontam["evaluation"]["files"] == 2
     assert [r["document"] for r in removed(out, "decontaminate")] == [7, 11]
@@ -113,7 +159,7 @@ def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp
     assert any("filters: decontaminate 2" in line for line in _lines(stats))
     # cut: the document stays, without the paragraph that held the sentence
     cut = run(path, vocab, tmp_path / "cut", "--decontaminate", pairs, "--decontaminate_action", "cut",
-              "--keep_filtered", tmp_path / "cut" / "kept")
+              "--keep_filtered", tmp_path / "cut" / "kept", "--no_near_dedup")
     assert cut["documents_kept"] == len(corpus)
     (record,) = removed(tmp_path / "cut", "decontaminate")
     assert record["cut"] and record["text"] == corpus[11][1][2]
@@ -129,7 +175,7 @@ def test_a_run_decontaminates_against_another_run_s_held_out_documents(planted, 
     heldout = tmp_path / "first" / "heldout.jsonl"
     assert [json.loads(line)["document"] for line in open(heldout)] == [9, 19, 29, 39]
     out = tmp_path / "o"
-    stats = run(path, vocab, out, "--validation_fraction", 0.1, "--decontaminate", heldout,
+    stats = run(path, vocab, out, "--validation_fraction", 0.1, "--no_near_dedup", "--decontaminate", heldout,
                 "--keep_filtered", out / "kept")
     assert [(r["document"], r["set"]) for r in removed(out, "decontaminate")] == [(41, "train")]
     assert stats["sets"]["validation"]["documents"] == 4      # the held-out documents themselves stay
@@ -185,7 +231,7 @@ def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path
     unrelated = tmp_path / "eval.txt"
     unrelated.write_text("a sentence that occurs nowhere in the corpus, not even in part of it at all\n")
     off = tmp_path / "off"
-    run(path, vocab, off, "--validation_fraction", 0.1)
+    run(path, vocab, off, "--no_near_dedup", "--validation_fraction", 0.1)
     on = tmp_path / "on"
     stats = run(path, vocab, on, "--validation_fraction", 0.1, "--decontaminate", unrelated, "--languages", "en",
                 "--quality_filter", "--quality_threshold", "min_words=0", "min_stop_words=0", "--prefix", "off")
@@ -204,6 +250,7 @@ def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path
     (["--decontaminate", "BADJSON"], "bad.jsonl: line 2 is not JSON"),
     (["--decontaminate", "EMPTYDIR"], "a folder without evaluation files"),
     (["--decontaminate", "BADJSON", "--decontaminate_min_words", "20"], "--decontaminate_min_words 20: must be"),
+    (["--near_dedup_rows", "0"], "--near_dedup_rows 0: must be at least 1"),
     (["--keep_filtered", "IN_TRAIN"], "inside --output_dir's train/ or validation/"),
 ])
 def test_bad_settings_and_evaluation_sets_are_one_error_line(planted, tmp_path, capsys, flags, expected):
@@ -229,7 +276,8 @@ def test_a_resume_with_other_filter_settings_is_refused(planted, tmp_path, capsy
                                   find_sources([path]))
     (killed / WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
     np.savez(killed / WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
-    for extra, said in ((["--quality_filter"], "--quality_filter False then, True now"),):
+    for extra, said in ((["--quality_filter"], "--quality_filter False then, True now"),
+                        (["--no_near_dedup"], "--near_dedup True then, False now")):
         assert prepare_data.main(argv + extra) == 2
         assert said in capsys.readouterr().err
 
@@ -248,11 +296,12 @@ def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
     out = tmp_path / "o"
     argv = argv_of(path, vocab, out, *flags, "--keep_filtered", out / "kept")
     kill_after_chunks(argv, out, 4)
+    assert (out / WORK_DIR / "near_dedup" / "removed.npy").exists()
     assert prepare_data.main(argv) == 0
     fresh = tmp_path / "fresh"
     stats = run(path, vocab, fresh, *flags, "--prefix", "o", "--keep_filtered", fresh / "kept")
     assert shard_bytes(out) == shard_bytes(fresh)
-    for stage in ("decontaminate", "language", "quality"):
+    for stage in ("near_dedup", "decontaminate", "language", "quality"):
         assert removed(out, stage) == removed(fresh, stage)
         assert sum(stats["filters"][stage]["removed"].values()) > 0, stage
     assert json.loads((out / "stats.json").read_text())["filters"] == stats["filters"]

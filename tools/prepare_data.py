@@ -19,7 +19,8 @@ dropped; both are counted in OUT/stats.json.
 
 Document stages (tools/prep/stages.py), in the main process, in this order, each counted by rule in
 stats.json's `filters` and the summary; --keep_filtered DIR writes what each removed (STAGE.jsonl):
---decontaminate FILE...
+near duplicates (on; --no_near_dedup turns it off: MinHash LSH over 5-word shingles, 14 bands of 8,
+after a signature pass over the whole input, journalled like the chunks), --decontaminate FILE...
 (training documents sharing a 13-word sequence with evaluation sets, dropped or cut), --languages
 CODE... (py3langid), --quality_filter (Gopher's and C4's rules; --quality_threshold NAME=VALUE).
 With every stage off the shards are those of a run without them, byte for byte.
@@ -101,6 +102,7 @@ from tools.prep.filters import DocumentFilter, SplitRecord, iter_chunks
 from tools.prep.journal import Journal, run_fingerprint
 from tools.prep.language import LanguageFilter
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
+from tools.prep.neardup import BANDS, ROWS, NearDuplicateFilter, SignaturePass
 from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
 from tools.prep.stages import DocumentStages
@@ -143,6 +145,15 @@ def build_parser():
                    help="drop documents of fewer words (counted in the summary and stats.json)")
     p.add_argument("--keep_duplicates", action="store_true",
                    help="keep exact duplicate documents (default: one copy; same text up to case and whitespace)")
+    p.add_argument("--no_near_dedup", dest="near_dedup", action="store_false",
+                   help="keep near-duplicate documents (default: MinHash LSH over 5-word shingles, 14 bands of 8, "
+                        "drops a document sharing a band with an earlier one: found at Jaccard 0.8 with odds 0.92; "
+                        "a signature pass reads the input first)")
+    p.add_argument("--near_dedup_bands", type=int, default=BANDS,
+                   help="near duplicates: LSH bands (more: found at lower similarity)")
+    p.add_argument("--near_dedup_rows", type=int, default=ROWS,
+                   help="near duplicates: MinHash values a band (more: fewer found below the threshold); "
+                        "a pair of Jaccard s shares a band with odds 1 - (1 - s^rows)^bands")
     p.add_argument("--decontaminate", nargs="+", default=None, metavar="FILE",
                    help="evaluation sets (GLUE .tsv files or folders as finetune_glue reads, minimal-pair .jsonl "
                         "as eval_mlm reads, plain text one a line): training documents sharing a "
@@ -244,6 +255,9 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    for flag in ("near_dedup_bands", "near_dedup_rows"):
+        if getattr(args, flag) < 1:
+            raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     if args.quality_threshold and not args.quality_filter:
         raise PrepareDataError("--quality_threshold without --quality_filter: add --quality_filter to run the rules")
     parse_thresholds(args.quality_threshold)
@@ -348,6 +362,11 @@ def prepare(args, signals=None):
                                         shards, settings, prefix, compress, part_tag)
             summary.sets[name] = SetStats()
 
+        if args.near_dedup:   # its signature pass first (journalled), over every part's documents
+            bands, rows = args.near_dedup_bands, args.near_dedup_rows
+            removed = SignaturePass(journal.near_dedup, args.seed, bands, rows).run(
+                CorpusReader(sources, options, max_document_bytes=chunk_bytes), signals.check)
+            chosen = [NearDuplicateFilter(removed, bands, rows)] + chosen
         stages = DocumentStages(chosen, args.keep_filtered)
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
@@ -394,7 +413,8 @@ def prepare(args, signals=None):
 
 
 def document_stages(args):
-    """The stages --decontaminate, --languages and --quality_filter turn on, in that order."""
+    """The stages --decontaminate, --languages and --quality_filter turn on, in that order (near
+    duplicates, first of all, need their signature pass: `prepare` adds them)."""
     stages = []
     if args.decontaminate:
         stages.append(Decontaminator(args.decontaminate, args.decontaminate_ngram, args.decontaminate_min_words,

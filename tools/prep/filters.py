@@ -66,7 +66,7 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=N
     grouping depends only on the input, so the output does not depend on --workers. `keep`
     (a DocumentFilter) decides which documents are kept; `record(set name, document number,
     key, document)` (a SplitRecord) is told where each kept one goes. `stages` (a DocumentStages:
-    decontamination, language, quality) see each document `keep` kept, and may drop
+    near duplicates, decontamination, language, quality) see each document `keep` kept, and may drop
     or cut it, before it is recorded.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index

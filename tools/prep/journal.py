@@ -21,8 +21,9 @@ OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad
                 "build_vocab", "vocab_sample_mb", "do_lower_case", "max_seq_length", "max_predictions_per_seq",
                 "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",
                 "validation_fraction", "seed", "chunk_size_mb", "prefix", "min_document_words", "keep_duplicates",
-                "num_parts", "part", "decontaminate", "decontaminate_ngram", "decontaminate_min_words",
-                "decontaminate_action", "languages", "quality_filter", "quality_threshold")
+                "num_parts", "part", "near_dedup", "near_dedup_bands", "near_dedup_rows", "decontaminate",
+                "decontaminate_ngram", "decontaminate_min_words", "decontaminate_action", "languages",
+                "quality_filter", "quality_threshold")
 
 
 def run_fingerprint(args, sources, evaluation_files=()):
@@ -71,6 +72,7 @@ class Journal:
         self.chunks = os.path.join(self.folder, "chunks")
         self.tmp = os.path.join(self.folder, "tmp")
         self.vocab = os.path.join(self.folder, "vocab.txt")
+        self.near_dedup = os.path.join(self.folder, "near_dedup")   # the signature pass's files
         self._lock = None
 
     def previous(self):
@@ -95,6 +97,7 @@ class Journal:
                            _difference(previous, fingerprint))
         if previous != fingerprint:
             shutil.rmtree(self.chunks, ignore_errors=True)
+            shutil.rmtree(self.near_dedup, ignore_errors=True)
             if os.path.exists(self.vocab):
                 os.remove(self.vocab)
             tmp = os.path.join(self.folder, "run.json.tmp")
@@ -146,26 +149,37 @@ class Journal:
             if os.path.isdir(self.chunks) else []
 
     def _remove_partial_chunks(self):
-        """A worker stopped while writing a chunk leaves its temporary file (save_chunk): never a chunk."""
-        for name in os.listdir(self.chunks) if os.path.isdir(self.chunks) else ():
-            if ".tmp" in name:
-                os.remove(os.path.join(self.chunks, name))
+        """A worker stopped while writing a chunk leaves its temporary file (save_chunk): never a chunk
+        (nor a signature file, written the same way)."""
+        for folder in (self.chunks, self.near_dedup):
+            for name in os.listdir(folder) if os.path.isdir(folder) else ():
+                if ".tmp" in name:
+                    os.remove(os.path.join(folder, name))
+
+    def _signing(self):
+        """Whether a signature pass is under way: files written, its result (removed.npy) not yet."""
+        names = os.listdir(self.near_dedup) if os.path.isdir(self.near_dedup) else []
+        return bool(names) and "removed.npy" not in names
 
     def chunk_path(self, set_name, index):
         return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
 
     def close(self, finished):
         """Release the lock; remove everything once the run finished, else keep the finished
-        chunks (and nothing else) for the next run; returns how many were kept."""
+        chunks, with the signature pass's files, or the files of a signature pass not finished (and
+        nothing else) for the next run; returns how many chunks were kept."""
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._remove_partial_chunks()  # the workers have ended: a temporary file left is a dead worker's
         kept = 0 if finished else len(self.done_chunks())
-        if not kept:
+        if finished or not (kept or self._signing()):
             shutil.rmtree(self.folder, ignore_errors=True)
+        self._release()
+        return kept
+
+    def _release(self):
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-        return kept
 
 
 def _running(pid):

@@ -1,4 +1,4 @@
-"""The document stages a run turns on (decontamination, language, quality), run in
+"""The document stages a run turns on (near duplicates, decontamination, language, quality), run in
 the main process on each document the exact-duplicate filter kept, in input order: what each
 removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
 themselves, one jsonl file a stage, for a person to read.
