@@ -159,7 +159,7 @@ def build_parser():
                         "as eval_mlm reads, plain text one a line): training documents sharing a "
                         "--decontaminate_ngram-word sequence with them are dropped (or cut)")
     p.add_argument("--decontaminate_ngram", type=int, default=DEFAULT_NGRAM,
-                   help="words in the sequences compared (GPT-3's and datatrove's 13)")
+                   help="words in the sequences compared (GPT-3's 13; datatrove's default is 12)")
     p.add_argument("--decontaminate_min_words", type=int, default=DEFAULT_MIN_WORDS,
                    help="a shorter evaluation text of at least this many words matches where it occurs whole "
                         "(GPT-3's smallest N, 8); shorter ones are not used")

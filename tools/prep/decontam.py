@@ -4,7 +4,7 @@ evaluation set are dropped (or, --decontaminate_action cut, lose the lines holdi
 The test is GPT-3's (Brown et al. 2020, appendix C) and datatrove's n-gram decontamination: text
 lower-cased, cut into words (runs of letters and digits, so punctuation and spacing never hide a
 match), and a training document matches when one of its --decontaminate_ngram-word sequences (13,
-GPT-3's) is one of an evaluation text's. An evaluation text shorter than that but of at least
+GPT-3's; datatrove's NGramsDecontFilter defaults to 12) is one of an evaluation text's. An evaluation text shorter than that but of at least
 --decontaminate_min_words words (8, GPT-3's smallest N) matches where it occurs whole; shorter ones
 are too common to mean anything and are counted, not used. Only training documents are tested: the
 validation set is held out already.
@@ -28,7 +28,7 @@ from tools.prep import PrepareDataError
 from tools.prep.ngrams import WORD, ngram_hashes, word_hashes, words
 from tools.prep.stages import Removal, document_text
 
-DEFAULT_NGRAM = 13          # GPT-3's and datatrove's
+DEFAULT_NGRAM = 13          # GPT-3's (datatrove's default: 12)
 DEFAULT_MIN_WORDS = 8       # GPT-3: N is at least 8 words
 
 
