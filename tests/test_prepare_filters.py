@@ -120,6 +120,7 @@ def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypat
         return CorpusReader(sources, ReadOptions())
 
     fresh = neardup.SignaturePass(str(tmp_path / "fresh"), seed=1).run(documents())
+    monkeypatch.setattr(neardup, "BATCH", 3)     # blocks made of batches: the same band hashes
     calls = []
 
     def stop_after_two_blocks():
@@ -136,6 +137,8 @@ def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypat
     again = neardup.SignaturePass(str(tmp_path / "s"), seed=1).run(documents())
     assert len(signed) == len(corpus) - 16            # the two blocks written are not signed again
     assert again.tolist() == fresh.tolist() == list(range(40, 46))
+    for name in os.listdir(tmp_path / "fresh"):
+        assert np.array_equal(np.load(tmp_path / "fresh" / name), np.load(tmp_path / "s" / name)), name
 
 
 def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp_path):

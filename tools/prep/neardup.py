@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 SHINGLE_WORDS, BANDS, ROWS = 5, 14, 8    # datatrove's MinhashConfig defaults (FineWeb's)
 BLOCK = 50_000                           # documents a signature file holds
+BATCH = 1_000                            # signatures turned into band hashes at once
 _MIX = np.uint64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier: a band's rows into one hash
 
 
@@ -85,8 +86,10 @@ class SignaturePass:
         return removed
 
     def _sign(self, documents, check_stop):
-        """Write every block's band hashes (those not written yet); returns the documents counted."""
-        number, pending = 0, []
+        """Write every block's band hashes (those not written yet); returns the documents counted.
+        Signatures become band hashes every BATCH documents: a block in the making holds 8 bytes a
+        band a document (a signature as Python ints holds 4 KB)."""
+        number, hashed, pending = 0, [], []
         skip = os.path.exists(self.block_path(0))
         for doc, _ in documents:
             if not doc:
@@ -98,11 +101,16 @@ class SignaturePass:
             if skip:
                 continue
             pending.append(self.sign(doc))
-            if len(pending) == BLOCK:
-                _save(self.block_path(number // BLOCK - 1), band_hashes(pending, self.bands, self.rows))
+            if len(pending) == BATCH or number % BLOCK == 0:
+                hashed.append(band_hashes(pending, self.bands, self.rows))
                 pending = []
+            if number % BLOCK == 0:
+                _save(self.block_path(number // BLOCK - 1), np.concatenate(hashed))
+                hashed = []
         if pending:
-            _save(self.block_path((number - 1) // BLOCK), band_hashes(pending, self.bands, self.rows))
+            hashed.append(band_hashes(pending, self.bands, self.rows))
+        if hashed:
+            _save(self.block_path((number - 1) // BLOCK), np.concatenate(hashed))
         return number
 
     def sign(self, document):
