@@ -105,10 +105,13 @@ def test_near_duplicates_across_parts_are_those_of_one_run(planted, tmp_path):
     """Every part signs the whole input: a copy whose original went to another part is found."""
     root, corpus, path, vocab = planted
     whole = run(path, vocab, tmp_path / "one")["filters"]["near_dedup"]["removed"]["near_duplicate"]
-    parts = [run(path, vocab, tmp_path / "parts", "--num_parts", 2, "--part", k, "--overwrite")
-             for k in (0, 1)]
+    parts = [run(path, vocab, tmp_path / "parts", "--num_parts", 2, "--part", k, "--overwrite",
+                 "--keep_filtered", tmp_path / "kept") for k in (0, 1)]
     assert sum(p["filters"]["near_dedup"]["removed"]["near_duplicate"] for p in parts) == whole == 6
     assert sum(p["documents_kept"] for p in parts) == 40
+    written = [json.loads(line)["document"] for k in (0, 1)
+               for line in open(tmp_path / "kept" / f"near_dedup.part{k:03d}.jsonl")]   # each part's own file
+    assert sorted(written) == list(range(40, 46))
 
 
 def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypatch):

@@ -367,7 +367,7 @@ def prepare(args, signals=None):
             removed = SignaturePass(journal.near_dedup, args.seed, bands, rows).run(
                 CorpusReader(sources, options, max_document_bytes=chunk_bytes), signals.check)
             chosen = [NearDuplicateFilter(removed, bands, rows)] + chosen
-        stages = DocumentStages(chosen, args.keep_filtered)
+        stages = DocumentStages(chosen, args.keep_filtered, args.part if parts else None)
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
         keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
         record = SplitRecord(tmp, args.part if parts else None)

@@ -1,7 +1,7 @@
 """The document stages a run turns on (near duplicates, decontamination, language, quality), run in
 the main process on each document the exact-duplicate filter kept, in input order: what each
 removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
-themselves, one jsonl file a stage, for a person to read.
+themselves, one jsonl file a stage (and a part, with --num_parts), for a person to read.
 
 A stage is a callable `stage(set name, document number, document) -> (document, removal)`: the
 document kept as it was, or cut (a shorter document of the same kind), or None when dropped;
@@ -28,9 +28,10 @@ class DocumentStages:
     for the removed documents (written as .tmp files there, renamed into place by `install`, so a
     run that stops leaves the files of the last run that finished)."""
 
-    def __init__(self, stages, keep_filtered=None):
+    def __init__(self, stages, keep_filtered=None, part=None):
         self.stages = list(stages)
         self.keep_filtered = keep_filtered
+        self.suffix = f".part{part:03d}.jsonl" if part is not None else ".jsonl"   # parts share DIR
         self._files = {}
         if keep_filtered is not None:
             os.makedirs(keep_filtered, exist_ok=True)
@@ -72,10 +73,10 @@ class DocumentStages:
             path = self._tmp(stage.name)
             if not os.path.exists(path):
                 open(path, "w").close()
-            os.replace(path, os.path.join(self.keep_filtered, f"{stage.name}.jsonl"))
+            os.replace(path, os.path.join(self.keep_filtered, stage.name + self.suffix))
 
     def _tmp(self, stage_name):
-        return os.path.join(self.keep_filtered, f".{stage_name}.jsonl.tmp")
+        return os.path.join(self.keep_filtered, f".{stage_name}{self.suffix}.tmp")
 
     def close(self):
         for f in self._files.values():
