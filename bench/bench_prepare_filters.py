@@ -227,12 +227,12 @@ def stage_costs(work, planted, rounds, eval_file):
     alone = {"decontaminate": Decontaminator([eval_file]), "language": LanguageFilter(["en"]),
              "quality": QualityFilter(parse_thresholds(None))}
     signing = neardup.SignaturePass(os.path.join(work, "sig_alone"), seed=1)
-    alone["near_dedup signature pass"] = lambda set_name, number, doc: signing.sign(doc)
+    alone["near_dedup signature pass"] = lambda set_name, number, doc, text: signing.sign(doc)
     print("\neach stage alone over the documents, read already (no pipeline; CPU time):")
     for name, stage in alone.items():
         c = time.process_time()
         for number, doc in enumerate(docs):
-            stage("train", number, doc)
+            stage("train", number, doc, document_text(doc))
         s = time.process_time() - c
         records.append({"bench": "stage_alone", "stage": name, "text_mb_per_cpu_s": round(text_mb / s, 2)})
         print(f"  {name}: {text_mb / s:.2f} MB/s of text")

@@ -231,6 +231,18 @@ def test_gopher_repetition_rules_on_their_own():
     assert rules.failed_rule("\n\n".join([para[:400]] * 3 + [para])) == "max_duplicate_paragraphs"
 
 
+def test_a_wikipedia_page_is_judged_by_its_text_not_its_markup(planted, tmp_path):
+    """The stages see a page as the shards will hold it: its templates ("{{...}}", which C4's rule
+    against "{" would drop it for) and tables removed, as the workers remove them."""
+    root, corpus, _, vocab = planted
+    path = files.write_mediawiki(str(tmp_path / "testwiki-pages-articles.xml"), corpus[:12])
+    assert open(path).read().count("{{") >= 12
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--quality_filter", "--quality_threshold", "min_words=0", "min_stop_words=0",
+                "--keep_filtered", out / "kept")
+    assert stats["filters"]["quality"]["removed"] == {} and stats["documents_kept"] == 12, stats["filters"]
+
+
 def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path):
     root, corpus, _, vocab = planted
     path = files.write_jsonl(str(tmp_path / "clean.jsonl"), corpus[:40])

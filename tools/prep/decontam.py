@@ -26,7 +26,7 @@ import numpy as np
 
 from tools.prep import PrepareDataError
 from tools.prep.ngrams import WORD, ngram_hashes, word_hashes, words
-from tools.prep.stages import Removal, document_text
+from tools.prep.stages import Removal
 
 DEFAULT_NGRAM = 13          # GPT-3's (datatrove's default: 12)
 DEFAULT_MIN_WORDS = 8       # GPT-3: N is at least 8 words
@@ -87,6 +87,7 @@ class Decontaminator:
     """The stage: n-grams of the evaluation sets, and each training document tested against them."""
 
     name = "decontaminate"
+    needs_text = True
 
     def __init__(self, paths, ngram=DEFAULT_NGRAM, min_words=DEFAULT_MIN_WORDS, action="drop"):
         if ngram < 1:
@@ -121,10 +122,9 @@ class Decontaminator:
         n = min(len(w), self.ngram)
         grams.setdefault(n, []).append(ngram_hashes(word_hashes(w), n))
 
-    def __call__(self, set_name, number, document):
+    def __call__(self, set_name, number, document, text):
         if set_name != "train":
             return document, None
-        text = document_text(document)
         found = list(WORD.finditer(text)) if self.action == "cut" else None   # (offsets in `text`)
         w = [m.group().casefold() for m in found] if found is not None else words(text)
         spans = self._matches(w)
@@ -160,6 +160,5 @@ class Decontaminator:
         removed = "\n".join(line for i, line in enumerate(lines) if i in hit)
         if not any(line.strip() for line in kept):
             return None, Removal(rule, text)
-        if isinstance(document, list):
-            return kept, Removal(rule, removed)
-        return type(document)("\n".join(kept)), Removal(rule, removed)
+        # a list of sentences stays one; other documents become their text (a page without markup)
+        return (kept if isinstance(document, list) else "\n".join(kept)), Removal(rule, removed)

@@ -11,7 +11,7 @@ import functools
 import importlib
 
 from tools.prep import PrepareDataError
-from tools.prep.stages import Removal, document_text
+from tools.prep.stages import Removal
 
 LANGUAGE_CHARS = 2_000
 
@@ -32,6 +32,7 @@ class LanguageFilter:
     """The stage: keep the documents of --languages."""
 
     name = "language"
+    needs_text = True
 
     def __init__(self, languages, identifier=None):
         self.identifier = identifier or load_identifier()
@@ -43,8 +44,7 @@ class LanguageFilter:
         self.languages = frozenset(languages)
         self.counts = {}
 
-    def __call__(self, set_name, number, document):
-        text = document_text(document)
+    def __call__(self, set_name, number, document, text):
         language = self.identifier.classify(text[:LANGUAGE_CHARS])[0]
         if language in self.languages:
             return document, None

@@ -143,6 +143,7 @@ class NearDuplicateFilter:
     """The stage: drop the documents the signature pass marked."""
 
     name = "near_dedup"
+    needs_text = False          # the signature pass read it: the number decides
 
     def __init__(self, removed, bands=BANDS, rows=ROWS, ngram=SHINGLE_WORDS):
         self.removed = removed
@@ -150,7 +151,7 @@ class NearDuplicateFilter:
         self.info = {"shingle_words": ngram, "bands": bands, "rows": rows,
                      "similarity_at_half_odds": round((1 - 0.5 ** (1 / bands)) ** (1 / rows), 3)}
 
-    def __call__(self, set_name, number, document):
+    def __call__(self, set_name, number, document, text):
         i = int(np.searchsorted(self.removed, number))
         if i == len(self.removed) or self.removed[i] != number:
             return document, None

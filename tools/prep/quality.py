@@ -28,7 +28,7 @@ import numpy as np
 
 from tools.prep import PrepareDataError
 from tools.prep.ngrams import first_seen, ngram_hashes, word_hashes, words
-from tools.prep.stages import Removal, document_text
+from tools.prep.stages import Removal
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 BULLETS = ("•", "-", "*", "●", "▪", "‣")
@@ -124,13 +124,13 @@ class QualityFilter:
     """The stage: the rules above, in order; the first one a document fails drops it."""
 
     name = "quality"
+    needs_text = True
 
     def __init__(self, thresholds):
         self.t = thresholds
         self.counts = {}
 
-    def __call__(self, set_name, number, document):
-        text = document_text(document)
+    def __call__(self, set_name, number, document, text):
         rule = self.failed_rule(text)
         if rule is None:
             return document, None

@@ -3,14 +3,19 @@ the main process on each document the exact-duplicate filter kept, in input orde
 removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
 themselves, one jsonl file a stage (and a part, with --num_parts), for a person to read.
 
-A stage is a callable `stage(set name, document number, document) -> (document, removal)`: the
-document kept as it was, or cut (a shorter document of the same kind), or None when dropped;
-`removal` is None for a document left whole, else Removal(rule, text removed). Each stage has a
-`name` and `counts` (rule -> documents dropped, or cut). No stage sees another part's documents
+A stage is a callable `stage(set name, document number, document, text) -> (document, removal)`,
+`text` the document as the workers will read it (document_text: a MediaWiki page without its
+markup, reduced here once for all the stages that look at text, `needs_text`): the document kept
+as it was, or cut (a shorter document), or None when dropped; `removal` is None for a document
+left whole, else Removal(rule, text removed). Each stage has a `name` and `counts` (rule ->
+documents dropped, or cut). No stage sees another part's documents
 (--num_parts) or an exact duplicate, so with every stage off the pipeline is the one without them."""
 import json
 import os
 from typing import NamedTuple
+
+from tools.prep.documents import Wikitext
+from tools.prep.sentences import wikitext_to_text
 
 
 class Removal(NamedTuple):
@@ -19,8 +24,12 @@ class Removal(NamedTuple):
 
 
 def document_text(document):
-    """A document as one string: a list of sentences one a line."""
-    return "\n".join(document) if isinstance(document, list) else str(document)
+    """A document as one string, as the workers will read it: a list of sentences one a line, a
+    MediaWiki page's wikitext without its markup (templates, tables, references: what the shards
+    never hold; the C4 rule against "{" would drop every page that has a template)."""
+    if isinstance(document, list):
+        return "\n".join(document)
+    return wikitext_to_text(document) if isinstance(document, Wikitext) else str(document)
 
 
 class DocumentStages:
@@ -40,12 +49,17 @@ class DocumentStages:
         return bool(self.stages)
 
     def __call__(self, set_name, number, document):
+        text = None
         for stage in self.stages:
-            document, removal = stage(set_name, number, document)
+            if text is None and stage.needs_text:
+                text = document_text(document)
+            kept, removal = stage(set_name, number, document, text)
             if removal is not None:
-                self._write(stage.name, set_name, number, removal, cut=document is not None)
-            if document is None:
+                self._write(stage.name, set_name, number, removal, cut=kept is not None)
+            if kept is None:
                 return None
+            if kept is not document:      # cut: the later stages look at what is left
+                document, text = kept, None
         return document
 
     def counts(self):
