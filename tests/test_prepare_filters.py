@@ -114,6 +114,19 @@ def test_near_duplicates_across_parts_are_those_of_one_run(planted, tmp_path):
     assert sorted(written) == list(range(40, 46))
 
 
+def test_workers_sign_the_same_near_duplicates_as_the_main_process(planted, tmp_path, monkeypatch):
+    """--workers 2 signs batches in the pool (4 documents a batch, blocks of 10: batches in flight
+    across blocks); the same documents go, the shards are the same bytes."""
+    root, corpus, path, vocab = planted
+    monkeypatch.setattr(neardup, "BLOCK", 10)
+    monkeypatch.setattr(neardup, "BATCH", 4)
+    run(path, vocab, tmp_path / "one", "--keep_filtered", tmp_path / "one" / "kept")
+    run(path, vocab, tmp_path / "two", "--workers", 2, "--prefix", "one", "--keep_filtered", tmp_path / "two" / "kept")
+    assert removed(tmp_path / "one", "near_dedup") == removed(tmp_path / "two", "near_dedup")
+    assert len(removed(tmp_path / "two", "near_dedup")) == 6
+    assert shard_bytes(tmp_path / "one") == shard_bytes(tmp_path / "two")
+
+
 def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypatch):
     root, corpus, path, vocab = planted
     monkeypatch.setattr(neardup, "BLOCK", 8)

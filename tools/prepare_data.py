@@ -365,7 +365,7 @@ def prepare(args, signals=None):
         if args.near_dedup:   # its signature pass first (journalled), over every part's documents
             bands, rows = args.near_dedup_bands, args.near_dedup_rows
             removed = SignaturePass(journal.near_dedup, args.seed, bands, rows).run(
-                CorpusReader(sources, options, max_document_bytes=chunk_bytes), signals.check)
+                CorpusReader(sources, options, max_document_bytes=chunk_bytes), signals.check, pool)
             chosen = [NearDuplicateFilter(removed, bands, rows)] + chosen
         stages = DocumentStages(chosen, args.keep_filtered, args.part if parts else None)
         documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)

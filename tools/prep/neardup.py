@@ -16,6 +16,7 @@ earlier document has are marked, and their numbers written (removed.npy). The re
 ordinary pass: the stage drops those documents; an exact duplicate is the exact filter's, never
 counted here. rensa was chosen by measurement (bench/README.md): 50x datasketch's speed for the same
 signatures' quality; datatrove's stages need its own pipeline and executor around them."""
+import collections
 import importlib
 import logging
 import os
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SHINGLE_WORDS, BANDS, ROWS = 5, 14, 8    # datatrove's MinhashConfig defaults (FineWeb's)
 BLOCK = 50_000                           # documents a signature file holds
-BATCH = 1_000                            # signatures turned into band hashes at once
+BATCH = 1_000                            # documents signed at once (a worker's task)
 _MIX = np.uint64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier: a band's rows into one hash
 
 
@@ -71,53 +72,78 @@ class SignaturePass:
     def block_path(self, block):
         return os.path.join(self.folder, f"signatures_{block:07d}.npy")
 
-    def run(self, documents, check_stop=lambda: None):
+    def run(self, documents, check_stop=lambda: None, pool=None):
         """The numbers of the near duplicates among `documents` (a CorpusReader over the whole input),
-        sorted; from the journal where an earlier run got that far."""
+        sorted; from the journal where an earlier run got that far. `pool` (a WorkerPool): batches
+        are signed in its workers, this process only reads (the same hashes, in the same order)."""
         if os.path.exists(self.removed_file):
             return np.load(self.removed_file)
         os.makedirs(self.folder, exist_ok=True)
         start = time.perf_counter()
-        count = self._sign(documents, check_stop)
+        count = self._sign(documents, check_stop, pool)
         removed = self._mark(count)
         _save(self.removed_file, removed)
         logger.info("near duplicates: %d of %d documents (signature pass and marking: %.1f s)",
                     len(removed), count, time.perf_counter() - start)
         return removed
 
-    def _sign(self, documents, check_stop):
-        """Write every block's band hashes (those not written yet); returns the documents counted.
-        Signatures become band hashes every BATCH documents: a block in the making holds 8 bytes a
-        band a document (a signature as Python ints holds 4 KB)."""
-        number, hashed, pending = 0, [], []
-        skip = os.path.exists(self.block_path(0))
+    def _batches(self, documents, check_stop, counted):
+        """(block, documents, whether the block is whole there) of at most BATCH documents, never
+        across a block, those of the blocks written already left out; `counted` gets the number
+        read (the last block, shorter, is written when the input ends)."""
+        number, batch, block, skip = 0, [], 0, False
         for doc, _ in documents:
             if not doc:
                 continue
-            if number % BLOCK == 0:
+            if number % BLOCK == 0:      # between blocks
                 check_stop()
-                skip = os.path.exists(self.block_path(number // BLOCK))
+                block = number // BLOCK
+                skip = os.path.exists(self.block_path(block))
             number += 1
-            if skip:
-                continue
-            pending.append(self.sign(doc))
-            if len(pending) == BATCH or number % BLOCK == 0:
-                hashed.append(band_hashes(pending, self.bands, self.rows))
-                pending = []
-            if number % BLOCK == 0:
-                _save(self.block_path(number // BLOCK - 1), np.concatenate(hashed))
+            if not skip:
+                batch.append(doc)
+            if batch and (number % BLOCK == 0 or len(batch) == BATCH):
+                yield block, batch, number % BLOCK == 0
+                batch = []
+        if batch:
+            yield block, batch, False
+        counted.append(number)
+
+    def _sign(self, documents, check_stop, pool):
+        """Write every block's band hashes (those not written yet), each once it is whole; returns
+        the documents counted. A block in the making holds 8 bytes a band a document (a signature
+        as Python ints, 4 KB)."""
+        counted, hashed, block = [], [], 0
+        for block, hashes, last in self._signed(self._batches(documents, check_stop, counted), check_stop, pool):
+            hashed.append(hashes)
+            if last:
+                _save(self.block_path(block), np.concatenate(hashed))
                 hashed = []
-        if pending:
-            hashed.append(band_hashes(pending, self.bands, self.rows))
-        if hashed:
-            _save(self.block_path((number - 1) // BLOCK), np.concatenate(hashed))
-        return number
+        if hashed:        # the input's last block, short of BLOCK documents
+            _save(self.block_path(block), np.concatenate(hashed))
+        return counted[0]
+
+    def _signed(self, batches, check_stop, pool):
+        """(block, band hashes, last) of each batch, in order: here, or in the pool's workers with a
+        few batches a worker in flight (memory stays bounded)."""
+        if pool is None:
+            for block, docs, last in batches:
+                yield block, band_hashes([self.sign(d) for d in docs], self.bands, self.rows), last
+            return
+        in_flight = collections.deque()
+        for block, docs, last in batches:
+            pool.submit("sign", self.seed, self.bands, self.rows, self.ngram, docs)
+            in_flight.append((block, last))
+            if len(in_flight) >= 2 * len(pool.workers):
+                block, last = in_flight.popleft()
+                yield block, pool.next_result(check_stop), last
+        while in_flight:
+            block, last = in_flight.popleft()
+            yield block, pool.next_result(check_stop), last
 
     def sign(self, document):
         """The document's MinHash signature (bands * rows values)."""
-        m = self.minhash(self.bands * self.rows, self.seed)
-        m.update(shingles(document_text(document), self.ngram))
-        return m.digest()
+        return _signature(self.minhash, document, self.seed, self.bands * self.rows, self.ngram)
 
     def _mark(self, count):
         """Document numbers whose hash in some band an earlier document has (stable sort: the
@@ -131,6 +157,18 @@ class SignaturePass:
             ordered = column[order]
             removed[order[1:][ordered[1:] == ordered[:-1]]] = True
         return np.flatnonzero(removed).astype(np.uint64)
+
+
+def _signature(minhash, document, seed, num_perm, ngram):
+    m = minhash(num_perm, seed)
+    m.update(shingles(document_text(document), ngram))
+    return m.digest()
+
+
+def sign_batch(seed, bands, rows, ngram, documents):
+    """(documents, bands) band hashes of a batch (what a worker's "sign" task returns)."""
+    minhash = _minhash_class()
+    return band_hashes([_signature(minhash, d, seed, bands * rows, ngram) for d in documents], bands, rows)
 
 
 def _save(path, array):
