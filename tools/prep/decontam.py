@@ -7,7 +7,9 @@ match), and a training document matches when one of its --decontaminate_ngram-wo
 GPT-3's; datatrove's NGramsDecontFilter defaults to 12) is one of an evaluation text's. An evaluation text shorter than that but of at least
 --decontaminate_min_words words (8, GPT-3's smallest N) matches where it occurs whole; shorter ones
 are too common to mean anything and are counted, not used. Only training documents are tested: the
-validation set is held out already.
+validation set is held out already. The record of the split (SplitRecord) lists a cut document by
+the key of the document as read, so a tool that reads the training documents again from the input
+(make_probe_tasks --heldout) gets it whole.
 
 Evaluation sets, by what prepare_data's neighbours read:
     a .tsv file (finetune_glue's GLUE layout, make_probe_tasks' output): every cell of every row
