@@ -8,8 +8,8 @@ A stage is a callable `stage(set name, document number, document, text) -> (docu
 markup, reduced here once for all the stages that look at text, `needs_text`): the document kept
 as it was, or cut (a shorter document), or None when dropped; `removal` is None for a document
 left whole, else Removal(rule, text removed). Each stage has a `name` and `counts` (rule ->
-documents dropped, or cut). No stage sees another part's documents
-(--num_parts) or an exact duplicate, so with every stage off the pipeline is the one without them.
+documents dropped, or cut). No stage sees another part's documents (--num_parts) or an exact
+duplicate the exact filter left out, so with every stage off the pipeline is the one without them.
 Near duplicates come first (their pass saw every document): a group whose first document a later
 stage drops loses the others too, as they would mostly fail it as well."""
 import json
