@@ -4,6 +4,12 @@
     documents   one streamed reader per layout: documents, input bytes consumed, what else was met
     filters     which documents a run keeps (exact duplicates once, this part's) and which set each
                 goes to (the split), in chunks; the record of the split beside the shards
+    stages      the document stages a run turns on, in order, what each removed, --keep_filtered:
+      neardup     near duplicates (on by default): MinHash LSH, a signature pass, then the removal
+      decontam    --decontaminate: training documents sharing 13-word sequences with evaluation sets
+      language    --languages: language ID (py3langid)
+      quality     --quality_filter: Gopher's quality and repetition rules, C4's page rules
+      ngrams      the words and word n-gram hashes they compare
     sentences   a document to its sentences: wikitext to text, the sentence splitter
     vocab       --build_vocab's WordPiece training (on a bounded sample), the vocab's checks
     tokens      sentences to token ids, each distinct word tokenized once
@@ -13,7 +19,8 @@
     journal     the finished chunks a stopped run leaves for the same command to continue from
     summary     what a run counted: per set and in all, stats.json
 
-The main process reads, keeps and deals the documents into chunks (layouts, documents, filters);
+The main process reads, keeps and deals the documents into chunks (layouts, documents, filters,
+stages; near duplicates after a signature pass over the whole input);
 a worker turns a chunk into arrays (sentences, tokens, instances); the main process writes them
 in chunk order (shards) and records every chunk (journal). The command line, tools/prepare_data.py,
 runs them (`prepare`); nothing here imports it, and turing/ imports nothing here (the split's
