@@ -64,9 +64,9 @@ def get_argument_parser():
         help="peak TFLOP/s of one device for the logged MFU (Train/MFU), or 'measure' (a timed matmul); default: "
              "the data sheet of a known GPU (H200, H100, A100, V100), a measured matmul on the CPU or another device")
     add("--dist_timeout", type=float, default=1800.0,
-        help="seconds a collective (all-reduce, barrier, the start-up rendezvous) may wait for the other "
-             "ranks before this rank gives up with an error line (exit code 5): a rank that died or hangs "
-             "ends the job instead of stalling it")
+        help="seconds a collective (all-reduce, barrier) may wait for the other ranks before this rank gives "
+             "up with an error line (exit code 5): a rank that died or hangs ends the job instead of stalling "
+             "it; the start-up rendezvous waits this long but at least 300 s for the ranks to join")
 
     # Learning rate
     add("--lr_schedule", default="LE", help=schedule_help())

@@ -31,7 +31,7 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
     python bench/bench_prepare.py --work /tmp/bp --mb 20 --workers 1 2 --splitters
     python bench/bench_prepare.py --work /tmp/bp --mb 2 --long_document_mb 40 --layouts jsonl --workers 2
     python bench/bench_prepare.py --work /tmp/bp --mb 200 --scaling --layouts jsonl mediawiki text \
-        --filter_sets exact_dedup no_filter min_words --formats nvidia bing --workers 1 2
+        --filter_sets exact_dedup no_filter min_words near_dedup quality --formats nvidia bing --workers 1 2
     nice python bench/bench_prepare.py --work /tmp/bp --mb 200 --layouts jsonl --workers 1 2 --resume jsonl \
         --output bench/results/prepare.jsonl
 """
@@ -64,8 +64,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLD = os.path.join(REPO, "bench", "data", "sentences_gold.txt")
 ALL_LAYOUTS = ("jsonl", "parquet", "hf", "wikiextractor", "mediawiki", "text", "text_docs")
 READER_NAME = PROCESS_NAME.decode()
-# --scaling's filter sets: the flags each adds to the run (the default keeps one copy of each document).
-FILTER_SETS = {"exact_dedup": [], "no_filter": ["--keep_duplicates"], "min_words": ["--min_document_words", "50"]}
+# --scaling's filter sets: the flags each adds to the run (the default: one copy of each document, near
+# duplicates removed).
+FILTER_SETS = {"exact_dedup": ["--no_near_dedup"], "no_filter": ["--keep_duplicates", "--no_near_dedup"],
+               "min_words": ["--min_document_words", "50", "--no_near_dedup"], "near_dedup": [],
+               "quality": ["--no_near_dedup", "--quality_filter"]}
 
 
 class ZipfDocuments:

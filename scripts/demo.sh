@@ -2,8 +2,10 @@
 # usage: bash scripts/demo.sh [WORK_DIR (default demo_run)] [training flags...]
 #        (training flags: the trainer's, listed by its --help; -h or --help here prints this, doing nothing)
 # The README's main job, on the CPU: set up; build the demo corpus from text that ships with
-# Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh); pretrain a
-# small BERT-style encoder through the deepspeed launcher with the demo's recipe (configs/demo_modern:
+# Python, a WordPiece vocab and NVIDIA hdf5 shards (scripts/prepare_demo_data.sh: near duplicates
+# dropped, the training lines sharing 13 words with the held-out documents, which every evaluation
+# sentence below comes from, cut); pretrain a small BERT-style encoder through the deepspeed
+# launcher with the demo's recipe (configs/demo_modern:
 # the ModernBERT-style block, 2 layers, 40% masking, MLM only, warmup-stable-decay, no dropout;
 # it reached the original block's accuracy 8x sooner, bench/README.md section 13); write its plot
 # and print its validation MLM accuracy; then score it and a randomly initialised twin, without fine-tuning, on minimal pairs

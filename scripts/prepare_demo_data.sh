@@ -4,7 +4,10 @@
 # WordPiece vocab and NVIDIA hdf5 shards at seq 128, all with the same vocab and split.
 #   WORK/nvidia/        vocab.txt, train/ (15% of the tokens masked, the original's recipe),
 #                       validation/ (15%: every recipe validates on it)
-#   WORK/nvidia_mlm40/  train/ with 40% of the tokens masked (the demo's recipe)
+#   WORK/nvidia_mlm40/  train/ with 40% of the tokens masked (the demo's recipe), decontaminated against
+#                       the documents WORK/nvidia held out (its heldout.jsonl: the validation set and the
+#                       source of the demo's minimal pairs): the training lines that share a 13-word
+#                       sequence with them are cut (WORK/nvidia_mlm40/filtered/ shows which)
 # Usage: bash scripts/prepare_demo_data.sh [WORK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +25,8 @@ if [ ! -d "$WORK/nvidia_mlm40/train" ]; then
   # the same documents held out (same --validation_fraction), its own validation copy unused
   "$PY" -m tools.prepare_data --input "$WORK/corpus.txt" --output_dir "$WORK/nvidia_mlm40" --format nvidia \
     --vocab_file "$WORK/nvidia/vocab.txt" --masked_lm_prob 0.4 --max_predictions_per_seq 52 --num_shards 2 \
-    --validation_fraction 0.05 --workers 2 --overwrite
+    --validation_fraction 0.05 --workers 2 --overwrite \
+    --decontaminate "$WORK/nvidia/heldout.jsonl" --decontaminate_action cut --keep_filtered "$WORK/nvidia_mlm40/filtered"
 else
   echo "using the existing 40%-masked shards in $WORK/nvidia_mlm40"
 fi

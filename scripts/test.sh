@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-# two workers, one test file each at a time (module fixtures built once); `-n 0` runs serially
-exec "${PYTHON:-python3}" -m pytest -q -n 2 --dist loadfile tests/ "$@"
+# two workers, one test file each at a time (module fixtures built once), the longest files first
+# (tests/conftest.py's LONG_FIRST); `-n 0` runs serially
+exec "${PYTHON:-python3}" -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/ "$@"

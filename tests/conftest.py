@@ -10,6 +10,20 @@ from testkit.synthetic import make_data_root
 
 torch.set_num_threads(1)
 
+# The test files that take longest (launcher runs, several ranks, kills and resumes), longest
+# first. scripts/test.sh hands whole files to two workers in the order collected
+# (--no-loadscope-reorder), so these start first and the many short files fill in beside them;
+# xdist's own order (most tests first) left the few long ones running alone at the end. Only the
+# order changes, never what runs.
+LONG_FIRST = ("test_zero", "test_partial_accumulation", "test_benches", "test_train_e2e", "test_multinode",
+              "test_lost_work", "test_run_features", "test_world_size_resume", "test_distributed_errors",
+              "test_finetune_glue", "test_stock_models", "test_untrusted_files", "test_bing_provider")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(LONG_FIRST)))
+
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory):

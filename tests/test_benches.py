@@ -64,6 +64,14 @@ def test_bench_prepare(tmp_path):
     assert two["reader_cpu_s"] >= 0 and two["text_mb_per_cpu_s"] > 0
 
 
+def test_bench_prepare_filters(tmp_path):
+    out = bench(tmp_path, "bench_prepare_filters.py", "--work", tmp_path / "work", "--documents", 40, "--copies", 2, "--rounds", 1,
+                "--libraries", "rensa", "--configs", "14x8", "--per_language", 5, "--output", tmp_path / "f.jsonl")
+    records = json_lines(tmp_path / "f.jsonl")
+    assert {r["bench"] for r in records} >= {"near_dedup", "stage_cost", "stage_alone"} and "| all on |" in out
+    assert next(r for r in records if r["bench"] == "near_dedup")["planted"] == 16
+
+
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(REPO, "bench")) if f.startswith("bench_")))
 def test_every_bench_has_its_smoke_test(script):
     assert f"test_{script[:-3]}" in globals(), f"bench/{script} has no smoke test here"

@@ -46,6 +46,47 @@ def test_a_dead_or_silent_peer_is_a_lost_peer(mode):
     assert out.strip().splitlines()[-1] == "lost peer"
 
 
+SLOW_START = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from turing.distributed import is_collective_failure, setup_process_group
+    rank, port, flag = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    if rank == 0:
+        open(flag, "w").close()
+    else:
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+        time.sleep(4)                    # joins twice --dist_timeout after rank 0 began to wait
+    setup_process_group(2)
+    dist.barrier()
+    print("joined", flush=True)
+    if rank == 1:
+        time.sleep(120)                  # then hangs
+    try:
+        dist.all_reduce(torch.zeros(2))
+    except RuntimeError as e:
+        print("lost peer" if is_collective_failure(e) else "bug", flush=True)
+    os._exit(0)
+""")
+
+
+def test_a_slow_start_joins_but_a_hung_collective_ends_within_the_timeout(tmp_path):
+    """--dist_timeout 2: a rank that joins 4 s late still joins (the start-up rendezvous waits at
+    least 300 s), and a collective it then leaves unanswered ends rank 0 in about 2 s (the test's
+    two minutes would pass first if it waited for the join's bound)."""
+    port, flag = str(free_port()), str(tmp_path / "rank0_waits")
+    ranks = [subprocess.Popen([sys.executable, "-c", SLOW_START, str(r), port, flag], cwd=REPO, env=launch_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (1, 0)]
+    try:
+        out, err = ranks[1].communicate(timeout=100)
+    finally:
+        ranks[0].kill()
+        ranks[0].wait()
+    said = [line for line in out.splitlines() if line in ("joined", "lost peer", "bug")]
+    assert said == ["joined", "lost peer"], (out + err)[-3000:]
+
+
 def test_a_bug_inside_a_collective_is_not_a_lost_peer():
     setup_process_group(60)
     with pytest.raises(RuntimeError, match="invalid root rank") as bug:

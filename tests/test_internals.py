@@ -24,6 +24,29 @@ def test_the_default_collective_timeout_is_what_new_groups_get():
         dist_c10d.default_pg_timeout, dist_c10d.default_pg_nccl_timeout = before
 
 
+GROUP_TIMEOUT = """
+import datetime, os, torch, torch.distributed as dist
+from testkit.launcher import free_port
+from turing import internals
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+before = gloo.options._timeout
+internals.set_group_timeout(datetime.timedelta(seconds=7))
+print(before.total_seconds(), gloo.options._timeout.total_seconds())
+"""
+
+
+def test_the_default_groups_collectives_get_their_own_timeout():
+    """What the start-up rendezvous was given (300 s) is replaced for the collectives (7 s)."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", GROUP_TIMEOUT], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["300.0", "7.0"]
+
+
 def test_the_shm_buffer_name_is_deepspeeds():
     source = open(os.path.join(os.path.dirname(deepspeed.__file__), "ops", "csrc", "cpu", "comm", "shm.cpp")).read()
     assert '#define SHM_BUFFER_NAME "deepspeed_allreduce_buffer"' in source

@@ -435,27 +435,34 @@ def test_progress_lines_when_not_on_a_terminal(corpus, tmp_path, caplog, monkeyp
     assert len(lines) > 2 and "MB of input" in lines[-1] and "left" in lines[-1]
 
 
-def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpus, tmp_path, capsys):
+def kill_after_chunks(argv, out, chunks):
+    """Start `python -m tools.prepare_data ARGV` and SIGKILL it once it finished `chunks` chunks
+    (in OUT's journal); returns the journal's chunk folder."""
     import signal
     import subprocess
     import sys
     import time
 
+    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *map(str, argv)],
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = out / WORK_DIR / "chunks"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and len(os.listdir(folder) if folder.exists() else []) < chunks:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "train").exists(), "the run ended before it could be killed"
+    return folder
+
+
+def test_resume_after_sigkill_is_byte_identical_and_refuses_other_settings(corpus, tmp_path, capsys):
     path = str(tmp_path / "big.jsonl")
     files.write_jsonl(path, files.synthetic_documents(300, seed=9))
     argv = ["--input", path, "--vocab_file", str(corpus.vocab), "--max_seq_length", "64", "--format", "nvidia",
             "--max_predictions_per_seq", "10", "--chunk_size_mb", "0.004", "--num_shards", "2"]
     out = tmp_path / "o"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *argv, "--output_dir", str(out)],
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    chunks = out / WORK_DIR / "chunks"
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None and len(os.listdir(chunks) if chunks.exists() else []) < 5:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "train").exists(), "the run ended before it could be killed"
+    chunks = kill_after_chunks(argv + ["--output_dir", str(out)], out, 5)
     done = len(os.listdir(chunks))
     assert prepare_data.main(argv + ["--output_dir", str(out)]) == 0
     printed = capsys.readouterr().out

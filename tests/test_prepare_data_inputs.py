@@ -174,13 +174,15 @@ def finish(proc, workers, timeout=30):
 
 
 def assert_only_finished_chunks_left(out):
-    """What a stopped run leaves: at most its finished chunks (for the same command to continue
-    from), never a shard, a vocab or the temporary folder."""
+    """What a stopped run leaves: at most its finished chunks and its near-duplicate signatures (for
+    the same command to continue from), never a shard, a vocab or the temporary folder."""
     assert os.listdir(out) in ([], [WORK_DIR])
     if os.listdir(out):
         work = out / WORK_DIR
-        assert sorted(os.listdir(work)) == ["chunks", "lock", "run.json"]
+        assert sorted(os.listdir(work)) in (["chunks", "lock", "run.json"], ["chunks", "lock", "near_dedup", "run.json"])
         assert all(name.endswith(".npz") and ".tmp" not in name for name in os.listdir(work / "chunks"))
+        signatures = os.listdir(work / "near_dedup") if (work / "near_dedup").exists() else []
+        assert all(name.endswith(".npy") and ".tmp" not in name for name in signatures)
 
 
 def test_a_killed_worker_ends_the_run_with_an_error_not_a_hang(vocab, big_corpus, tmp_path):

@@ -17,6 +17,14 @@ one document) is cut into pieces of that size, with a warning and counts. Exact 
 same text up to case and whitespace) are read once; documents under --min_document_words are
 dropped; both are counted in OUT/stats.json.
 
+Document stages (tools/prep/stages.py), in the main process, in this order, each counted by rule in
+stats.json's `filters` and the summary; --keep_filtered DIR writes what each removed (STAGE.jsonl):
+near duplicates (on; --no_near_dedup turns it off: MinHash LSH over 5-word shingles, 14 bands of 8,
+after a signature pass over the whole input, journalled like the chunks), --decontaminate FILE...
+(training documents sharing a 13-word sequence with evaluation sets, dropped or cut), --languages
+CODE... (py3langid), --quality_filter (Gopher's and C4's rules; --quality_threshold NAME=VALUE).
+With every stage off the shards are those of a run without them, byte for byte.
+
 Output folder:
     OUT/vocab.txt | OUT/tokenizer.json     the tokenizer the shards were made with (--tokenizer: a WordPiece
                                            vocab.txt, or a Hugging Face tokenizer.json with
@@ -87,12 +95,17 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from tools.prep import TRAIN, VALIDATION, CorpusError, InputNotFoundError, PrepareDataError
+from tools.prep.decontam import DEFAULT_MIN_WORDS, DEFAULT_NGRAM, Decontaminator, evaluation_files
 from tools.prep.documents import CorpusReader
 from tools.prep.filters import DocumentFilter, SplitRecord, install_split_record, iter_chunks
 from tools.prep.journal import Journal, run_fingerprint
+from tools.prep.language import LanguageFilter
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
+from tools.prep.neardup import BANDS, ROWS, NearDuplicateFilter, SignaturePass
+from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.reader import ChunkReader
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
+from tools.prep.stages import DocumentStages
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
 from tools.prep.vocab import build_vocab, check_tokenizer
 from tools.prep.workers import Settings, WorkerPool, ordered_results
@@ -132,6 +145,35 @@ def build_parser():
                    help="drop documents of fewer words (counted in the summary and stats.json)")
     p.add_argument("--keep_duplicates", action="store_true",
                    help="keep exact duplicate documents (default: one copy; same text up to case and whitespace)")
+    p.add_argument("--no_near_dedup", dest="near_dedup", action="store_false",
+                   help="keep near-duplicate documents (default: MinHash LSH over 5-word shingles, 14 bands of 8, "
+                        "drops a document sharing a band with an earlier one: found at Jaccard 0.8 with odds 0.92; "
+                        "a signature pass reads the input first)")
+    p.add_argument("--near_dedup_bands", type=int, default=BANDS,
+                   help="near duplicates: LSH bands (more: found at lower similarity)")
+    p.add_argument("--near_dedup_rows", type=int, default=ROWS,
+                   help="near duplicates: MinHash values a band (more: fewer found below the threshold); "
+                        "a pair of Jaccard s shares a band with odds 1 - (1 - s^rows)^bands")
+    p.add_argument("--decontaminate", nargs="+", default=None, metavar="FILE",
+                   help="evaluation sets (GLUE .tsv files or folders as finetune_glue reads, minimal-pair .jsonl "
+                        "as eval_mlm reads, plain text one a line): training documents sharing a "
+                        "--decontaminate_ngram-word sequence with them are dropped (or cut)")
+    p.add_argument("--decontaminate_ngram", type=int, default=DEFAULT_NGRAM,
+                   help="words in the sequences compared (GPT-3's 13; datatrove's default is 12)")
+    p.add_argument("--decontaminate_min_words", type=int, default=DEFAULT_MIN_WORDS,
+                   help="a shorter evaluation text of at least this many words matches where it occurs whole "
+                        "(GPT-3's smallest N, 8); shorter ones are not used")
+    p.add_argument("--decontaminate_action", choices=["drop", "cut"], default="drop",
+                   help="drop a matching training document, or cut the lines (sentences, paragraphs) that match")
+    p.add_argument("--languages", nargs="+", default=None, metavar="CODE",
+                   help="keep only documents in these languages (ISO 639-1, as py3langid names them: en de ...)")
+    p.add_argument("--quality_filter", action="store_true",
+                   help="drop documents failing Gopher's quality and repetition rules and C4's page rules "
+                        "(tools/prep/quality.py lists them, with the published thresholds)")
+    p.add_argument("--quality_threshold", nargs="+", default=None, metavar="NAME=VALUE",
+                   help="--quality_filter: another threshold for a rule (e.g. min_words=20)")
+    p.add_argument("--keep_filtered", default=None, metavar="DIR",
+                   help="write the documents the stages above removed here, one STAGE.jsonl a stage")
     p.add_argument("--num_parts", type=int, default=1, help="split the work over N machines (see --part)")
     p.add_argument("--part", type=int, default=0,
                    help="0-based: this machine's share of --num_parts, shards named by part in the same folders")
@@ -215,6 +257,17 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    for flag in ("near_dedup_bands", "near_dedup_rows"):
+        if getattr(args, flag) < 1:
+            raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if args.quality_threshold and not args.quality_filter:
+        raise PrepareDataError("--quality_threshold without --quality_filter: add --quality_filter to run the rules")
+    parse_thresholds(args.quality_threshold)
+    sets = [os.path.abspath(os.path.join(args.output_dir, sub)) for sub in (TRAIN, VALIDATION)]
+    if args.keep_filtered is not None and any((os.path.abspath(args.keep_filtered) + os.sep).startswith(s + os.sep)
+                                              for s in sets):
+        raise PrepareDataError(f"--keep_filtered {args.keep_filtered}: inside --output_dir's train/ or validation/, "
+                               "which training reads whole; give another folder")
     if args.prefix is not None and (os.path.basename(args.prefix) != args.prefix or args.prefix in ("", ".", "..")):
         raise PrepareDataError(f"--prefix {args.prefix!r}: a file name prefix, not a path; the shards go in "
                                "--output_dir's train/ and validation/")
@@ -265,18 +318,19 @@ def prepare(args, signals=None):
     given = args.vocab_file
     args = resolved_tokenizer(args)
     sources = input_sources(args)
+    chosen = document_stages(args)   # their evaluation sets read and models loaded: errors before any work
     out = args.output_dir
     parts = args.num_parts > 1
     part_tag = f"part{args.part:03d}_" if parts else ""
     journal = Journal(out, f".part{args.part}of{args.num_parts}" if parts else "")
-    fingerprint = run_fingerprint(args, sources)
+    fingerprint = run_fingerprint(args, sources, [f for p in args.decontaminate or () for f in evaluation_files(p)])
     check_output_dir(args, resuming=journal.previous() == fingerprint, part_tag=part_tag or None)
     os.makedirs(out, exist_ok=True)
     done = journal.open(fingerprint, args.overwrite)
     if done:
         logger.info("continuing an unfinished run: %d chunks are done (in %s) and are reused", done, journal.folder)
     tmp = journal.tmp
-    pool = reader = None
+    pool = reader = stages = None
     shard_sets = {}
     finished = False
     try:
@@ -309,7 +363,14 @@ def prepare(args, signals=None):
                                         shards, settings, prefix, compress, part_tag)
             summary.sets[name] = SetStats()
 
-        reader = ChunkReader(functools.partial(read_chunks, args, sources, options, chunk_bytes, tmp),
+        if args.near_dedup:   # its signature pass first (journalled), over every part's documents
+            bands, rows = args.near_dedup_bands, args.near_dedup_rows
+            removed = SignaturePass(journal.near_dedup, args.seed, bands, rows).run(
+                CorpusReader(sources, options, max_document_bytes=chunk_bytes), signals.check, pool)
+            chosen = [NearDuplicateFilter(removed, bands, rows)] + chosen
+        # The stages run in the reader process; this copy only installs what they wrote (--keep_filtered).
+        stages = DocumentStages(chosen, args.keep_filtered, args.part if parts else None)
+        reader = ChunkReader(functools.partial(read_chunks, args, sources, options, chunk_bytes, tmp, stages),
                              journal.descriptors(), signals.check)
         chunks = ((name, index, docs, len(shard_sets[name].writers), journal.chunk_path(name, index), nbytes)
                   for name, index, docs, nbytes in reader)
@@ -323,6 +384,7 @@ def prepare(args, signals=None):
         for warning in warnings:
             logger.warning("%s", warning)
         _install(out, tmp, tokenizer, shard_sets, part_tag, args.part if parts else None)
+        stages.install()
         summary.seconds = time.perf_counter() - t0
         summary.main_cpu_seconds = time.process_time() - cpu0
         summary.peak_mb = peak_rss_mb(resource.RUSAGE_SELF)
@@ -337,10 +399,26 @@ def prepare(args, signals=None):
             reader.terminate()
         for shard_set in shard_sets.values():
             shard_set.close()
+        if stages is not None:
+            stages.close()
         kept = journal.close(finished)
         if kept:
             logger.warning("%d finished chunks are kept in %s: the same command continues from them",
                            kept, journal.folder)
+
+
+def document_stages(args):
+    """The stages --decontaminate, --languages and --quality_filter turn on, in that order (near
+    duplicates, first of all, need their signature pass: `prepare` adds them)."""
+    stages = []
+    if args.decontaminate:
+        stages.append(Decontaminator(args.decontaminate, args.decontaminate_ngram, args.decontaminate_min_words,
+                                     args.decontaminate_action))
+    if args.languages:
+        stages.append(LanguageFilter(args.languages))
+    if args.quality_filter:
+        stages.append(QualityFilter(parse_thresholds(args.quality_threshold)))
+    return stages
 
 
 def input_sources(args):
@@ -401,19 +479,23 @@ def _collect(results, summary, shard_sets):
             summary.reused_bytes += nbytes
 
 
-def read_chunks(args, sources, options, chunk_bytes, tmp):
-    """The reader process's work (tools/prep/reader.py): the documents read, kept and dealt into
-    chunks (yields iter_chunks' tuples), the split recorded in `tmp` as they are dealt; returns
-    the reading's counts for stats.json and the warnings about the input."""
+def read_chunks(args, sources, options, chunk_bytes, tmp, stages):
+    """The reader process's work (tools/prep/reader.py): the documents read, kept (the document
+    `stages` too) and dealt into chunks (yields iter_chunks' tuples), the split recorded in `tmp`
+    as they are dealt; returns the reading's counts for stats.json and the warnings about the input."""
     documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
     keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
     record = SplitRecord(tmp, args.part if args.num_parts > 1 else None)
     try:
-        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record)
+        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record, stages or None)
         record.finish(args, keep.read + keep.other_parts)
     finally:
         record.close()
-    return read_counts(documents, keep), documents.warnings()
+        stages.close()       # its --keep_filtered files complete, for the main process to install
+    counts = read_counts(documents, keep)
+    if stages:
+        counts["filters"] = stages.counts()
+    return counts, documents.warnings()
 
 
 def read_counts(documents, keep):

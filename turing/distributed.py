@@ -17,24 +17,27 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
-from turing.internals import deepspeed_shm_buffer_path, release_stale_build_locks, set_default_collective_timeout
+from turing.internals import (deepspeed_shm_buffer_path, release_stale_build_locks, set_default_collective_timeout,
+                              set_group_timeout)
 from turing.process import Ranks
 
 
 def setup_process_group(timeout_seconds):
-    """The process group, with every collective bounded by `timeout_seconds`; returns this
-    process's Ranks. Started without the launcher (`python deepspeed_train.py`, or main() in a
+    """The process group, with every collective bounded by `timeout_seconds` and its start-up
+    rendezvous by join_seconds(timeout_seconds); returns this process's Ranks. Started without the launcher (`python deepspeed_train.py`, or main() in a
     test), the process is one rank of one. Does nothing more when the group is up already."""
     if not dist.is_initialized():
         ensure_process_group_env()
         check_master_port_free()
         release_stale_build_locks()  # DeepSpeed builds its communication op next (a machine's first run)
         try:
-            deepspeed.init_distributed(timeout=bound_collectives(timeout_seconds))
+            collectives = bound_collectives(timeout_seconds)
+            deepspeed.init_distributed(timeout=datetime.timedelta(seconds=join_seconds(timeout_seconds)))
         except dist.DistNetworkError as e:
             if is_port_in_use(e):  # taken between the check and the bind
                 raise InputError(port_in_use_message()) from None
             raise
+        set_group_timeout(collectives)
         if get_accelerator().device_name() != "cpu":  # collectives before the engine's, on this rank's GPU
             get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
         release_shm_allreduce_name()
@@ -77,11 +80,23 @@ def port_in_use_message():
             f"(scripts/demo.sh picks one itself)")
 
 
+JOIN_SECONDS = 300.0
+
+
+def join_seconds(timeout_seconds):
+    """How long the ranks may take to join the process group at start-up: --dist_timeout, but at
+    least JOIN_SECONDS. Ranks start at different times (the launcher reaches the nodes one after
+    another over ssh, a busy node imports torch and DeepSpeed slowly, the first run on a machine
+    compiles DeepSpeed's communication op), and a short --dist_timeout, set to end a job soon after
+    a rank hangs, must not fail a start that is merely slow."""
+    return max(float(timeout_seconds), JOIN_SECONDS)
+
+
 def bound_collectives(seconds):
-    """--dist_timeout as the bound of every collective: of the default group (returned, for
-    init_distributed, which also bounds the start-up rendezvous with it) and of the groups
-    DeepSpeed creates later (its data-parallel group, ZeRO's), which torch.distributed.new_group
-    builds with torch's default timeout, 30 minutes, unless that default is set too."""
+    """--dist_timeout as the bound of every collective: of the default group (returned; set on it
+    once it is up, since its rendezvous has the longer join_seconds) and of the groups DeepSpeed
+    creates later (its data-parallel group, ZeRO's), which torch.distributed.new_group builds with
+    torch's default timeout, 30 minutes, unless that default is set too."""
     timeout = datetime.timedelta(seconds=seconds)
     set_default_collective_timeout(timeout)
     return timeout

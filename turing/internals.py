@@ -5,6 +5,9 @@ why no public API serves (tests/test_internals.py fails loudly when one of them 
   one (DeepSpeed's data-parallel and ZeRO groups, made by `new_group` without a timeout) by the
   module-level default of distributed_c10d; no public call sets it, and without it those groups'
   collectives wait 30 minutes, whatever --dist_timeout says.
+- `set_group_timeout`: the default group's collectives bounded by another time than its start-up
+  rendezvous (init_process_group takes one timeout for both; torch's own `_set_pg_timeout` changes
+  the collectives' afterwards, for gloo and NCCL).
 - `deepspeed_shm_buffer_path`: DeepSpeed's CPU all-reduce (shm.cpp) gives each rank a 67 MB buffer
   in /dev/shm and never unlinks it; its name is built in C++ and exposed nowhere.
 - `numpy_reconstruct`: the function a pickled numpy array names (older checkpoints' RNG states
@@ -42,6 +45,14 @@ def set_default_collective_timeout(timeout: datetime.timedelta):
             raise RuntimeError(f"torch.distributed.distributed_c10d.{name} is gone in torch; --dist_timeout cannot "
                                f"bound DeepSpeed's groups (turing/internals.py)")
         setattr(dist_c10d, name, timeout)
+
+
+def set_group_timeout(timeout: datetime.timedelta, group=None):
+    """Bound the collectives of `group` (default: the default group) by `timeout` from now on."""
+    if not hasattr(dist_c10d, "_set_pg_timeout"):
+        raise RuntimeError("torch.distributed.distributed_c10d._set_pg_timeout is gone in torch; --dist_timeout "
+                           "cannot bound the collectives apart from the start-up rendezvous (turing/internals.py)")
+    dist_c10d._set_pg_timeout(timeout, group)
 
 
 def deepspeed_shm_buffer_path(rank):

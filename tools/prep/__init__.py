@@ -4,6 +4,12 @@
     documents   one streamed reader per layout: documents, input bytes consumed, what else was met
     filters     which documents a run keeps (exact duplicates once, this part's) and which set each
                 goes to (the split), in chunks; the record of the split beside the shards
+    stages      the document stages a run turns on, in order, what each removed, --keep_filtered:
+      neardup     near duplicates (on by default): MinHash LSH, a signature pass, then the removal
+      decontam    --decontaminate: training documents sharing 13-word sequences with evaluation sets
+      language    --languages: language ID (py3langid)
+      quality     --quality_filter: Gopher's quality and repetition rules, C4's page rules
+      ngrams      the words and word n-gram hashes they compare
     sentences   a document to its sentences: wikitext to text, the sentence splitter
     vocab       --build_vocab's WordPiece training (on a bounded sample), the vocab's checks
     tokens      sentences to token ids, each distinct word tokenized once
@@ -15,10 +21,11 @@
     journal     the finished chunks a stopped run leaves for the same command to continue from
     summary     what a run counted: per set and in all, stats.json
 
-The reader process reads, keeps and deals the documents into chunks (layouts, documents, filters);
-a worker turns a chunk into arrays (sentences, tokens, instances) and records it (journal), and
-deflates the hdf5 chunks; the main process only coordinates: it hands out the chunks and writes
-the arrays in chunk order (shards). The command line, tools/prepare_data.py,
+The reader process reads, keeps and deals the documents into chunks (layouts, documents, filters,
+stages; near duplicates after a signature pass over the whole input, read in the main process and
+signed in the workers); a worker turns a chunk into arrays (sentences, tokens, instances), records
+it (journal) and deflates the hdf5 chunks; the main process only coordinates: it hands out the
+chunks and writes the arrays in chunk order (shards). The command line, tools/prepare_data.py,
 runs them (`prepare`); nothing here imports it, and turing/ imports nothing here (the split's
 record is turing/heldout.py's format, which the trainer reads).
 """

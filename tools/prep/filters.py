@@ -59,13 +59,15 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers. `keep`
     (a DocumentFilter) decides which documents are kept; `record(set name, document number,
-    key, document)` (a SplitRecord) is told where each kept one goes.
+    key, document)` (a SplitRecord) is told where each kept one goes. `stages` (a DocumentStages:
+    near duplicates, decontamination, language, quality) see each document `keep` kept, and may drop
+    or cut it, before it is recorded.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
@@ -82,6 +84,10 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=N
         key = document_key(doc)
         if keep is not None and not keep(key):
             continue
+        if stages is not None:
+            doc = stages(name, index - 1, doc)
+            if doc is None:
+                continue
         if record is not None:
             record(name, index - 1, key, doc)
         entry = pending[name]

@@ -21,21 +21,32 @@ OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad
                 "build_vocab", "vocab_sample_mb", "do_lower_case", "max_seq_length", "max_predictions_per_seq",
                 "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",
                 "validation_fraction", "seed", "chunk_size_mb", "prefix", "min_document_words", "keep_duplicates",
-                "num_parts", "part")
+                "num_parts", "part", "near_dedup", "near_dedup_bands", "near_dedup_rows", "decontaminate",
+                "decontaminate_ngram", "decontaminate_min_words", "decontaminate_action", "languages",
+                "quality_filter", "quality_threshold")
 
 
-def run_fingerprint(args, sources):
+def run_fingerprint(args, sources, evaluation_files=()):
     """What the finished chunks of a run depend on: the flags, the inputs (path, size, modification
-    time) and the vocab's content."""
-    vocab = None
-    if args.vocab_file is not None:
-        with open(args.vocab_file, "rb") as f:
-            vocab = hashlib.sha256(f.read()).hexdigest()
+    time), the vocab's content and that of the evaluation sets (--decontaminate's files)."""
+    vocab = _sha256([args.vocab_file]) if args.vocab_file is not None else None
     inputs = []
     for source in sources:
         stamp = 0 if source.name else _modified(source.path)
         inputs.append([source.path if source.name else os.path.abspath(source.path), source.size, stamp])
-    return {"flags": {k: getattr(args, k) for k in OUTPUT_FLAGS}, "inputs": inputs, "vocab_sha256": vocab}
+    fingerprint = {"flags": {k: getattr(args, k) for k in OUTPUT_FLAGS}, "inputs": inputs, "vocab_sha256": vocab}
+    if evaluation_files:
+        fingerprint["evaluation_sha256"] = _sha256(evaluation_files)
+    return fingerprint
+
+
+def _sha256(paths):
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _modified(path):
@@ -61,6 +72,7 @@ class Journal:
         self.chunks = os.path.join(self.folder, "chunks")
         self.tmp = os.path.join(self.folder, "tmp")
         self.vocab = os.path.join(self.folder, "vocab.txt")
+        self.near_dedup = os.path.join(self.folder, "near_dedup")   # the signature pass's files
         self._lock = None
 
     def previous(self):
@@ -85,6 +97,7 @@ class Journal:
                            _difference(previous, fingerprint))
         if previous != fingerprint:
             shutil.rmtree(self.chunks, ignore_errors=True)
+            shutil.rmtree(self.near_dedup, ignore_errors=True)
             if os.path.exists(self.vocab):
                 os.remove(self.vocab)
             tmp = os.path.join(self.folder, "run.json.tmp")
@@ -136,26 +149,37 @@ class Journal:
             if os.path.isdir(self.chunks) else []
 
     def _remove_partial_chunks(self):
-        """A worker stopped while writing a chunk leaves its temporary file (save_chunk): never a chunk."""
-        for name in os.listdir(self.chunks) if os.path.isdir(self.chunks) else ():
-            if ".tmp" in name:
-                os.remove(os.path.join(self.chunks, name))
+        """A worker stopped while writing a chunk leaves its temporary file (save_chunk): never a chunk
+        (nor a signature file, written the same way)."""
+        for folder in (self.chunks, self.near_dedup):
+            for name in os.listdir(folder) if os.path.isdir(folder) else ():
+                if ".tmp" in name:
+                    os.remove(os.path.join(folder, name))
+
+    def _signing(self):
+        """Whether a signature pass is under way: files written, its result (removed.npy) not yet."""
+        names = os.listdir(self.near_dedup) if os.path.isdir(self.near_dedup) else []
+        return bool(names) and "removed.npy" not in names
 
     def chunk_path(self, set_name, index):
         return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
 
     def close(self, finished):
         """Release the lock; remove everything once the run finished, else keep the finished
-        chunks (and nothing else) for the next run; returns how many were kept."""
+        chunks, with the signature pass's files, or the files of a signature pass not finished (and
+        nothing else) for the next run; returns how many chunks were kept."""
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._remove_partial_chunks()  # the workers have ended: a temporary file left is a dead worker's
         kept = 0 if finished else len(self.done_chunks())
-        if not kept:
+        if finished or not (kept or self._signing()):
             shutil.rmtree(self.folder, ignore_errors=True)
+        self._release()
+        return kept
+
+    def _release(self):
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-        return kept
 
 
 def _running(pid):
@@ -183,6 +207,8 @@ def _difference(previous, now):
             return f"other settings (--{key} {flags_then.get(key)} then, {flags_now.get(key)} now)"
     if previous.get("vocab_sha256") != now["vocab_sha256"]:
         return "another vocab (--vocab_file's content changed)"
+    if previous.get("evaluation_sha256") != now.get("evaluation_sha256"):
+        return "other evaluation sets (--decontaminate's files changed)"
     then = {p: (size, stamp) for p, size, stamp in previous.get("inputs", [])}
     for path, size, stamp in now["inputs"]:
         if then.get(path) != (size, stamp):

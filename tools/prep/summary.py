@@ -78,6 +78,8 @@ class Summary:
                                                         ("other_parts", "in other parts")) if r.get(k)]
             out.append(f"  input: {r['documents_read']} documents read ({', '.join(r['layouts'])}), "
                        f"{', '.join(extra)} left out")
+            if r.get("filters"):
+                out.append("  filters: " + "; ".join(_stage_line(name, f) for name, f in r["filters"].items()))
         for name, s in self.sets.items():
             unk = s.unk_tokens / max(s.tokens, 1)
             sizes = s.shard_sizes
@@ -95,6 +97,14 @@ class Summary:
         out.append(f"  peak memory: {self.peak_mb:.0f} MB (largest worker {self.peak_worker_mb:.0f} MB)"
                    if self.peak_worker_mb else f"  peak memory: {self.peak_mb:.0f} MB")
         return out
+
+
+def _stage_line(name, stage):
+    """`quality 12 (min_words 9, max_top_2gram 3)`: a stage's documents removed (or cut), by rule."""
+    removed = stage["removed"]
+    rules = ", ".join(f"{rule} {n}" for rule, n in removed.items() if n)
+    return (f"{name} {sum(removed.values())}{' cut' if stage.get('action') == 'cut' else ''}"
+            + (f" ({rules})" if rules and len(removed) > 1 else ""))
 
 
 def write_stats(summary, tmp, out, name):

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from tools.prep import TRAIN, PrepareDataError
 from tools.prep.instances import VocabBytes, bing_arrays, create_instance_spans, nvidia_arrays
+from tools.prep.neardup import sign_batch
 from tools.prep.sentences import SPLITTER, SentenceSplitter, document_sentences
 from tools.prep.summary import SetStats
 from tools.prep.tokens import token_encoder
@@ -75,9 +76,12 @@ class ChunkProcessor:
         """A task of the pipeline: ("chunk", set name, chunk index, documents, shards, journal
         path) processes a chunk and records it in the journal; ("rebuild", set name, path) makes
         the same result again from a recorded chunk; ("deflate", block, level) is an hdf5 chunk's
-        bytes as the gzip filter stores them (tools/prep/shards.py)."""
+        bytes as the gzip filter stores them (tools/prep/shards.py); ("sign", seed, bands, rows,
+        shingle words, documents) gives a batch's near-duplicate band hashes (tools/prep/neardup.py)."""
         if kind == "deflate":
             return zlib.compress(*task)
+        if kind == "sign":
+            return sign_batch(*task)
         return self.rebuild(*task) if kind == "rebuild" else self(*task)
 
     def rebuild(self, set_name, path):

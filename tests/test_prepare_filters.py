@@ -1,0 +1,339 @@
+"""tools/prepare_data.py's document stages (tools/prep/stages.py): near duplicates (on by default),
+decontamination, language and quality filters, --keep_filtered; what each removed in stats.json,
+the same shards with every stage off or removing nothing, and a resume after SIGKILL with all on."""
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+from testkit import corpora as files
+from tests.test_prepare_corpora import kill_after_chunks
+from tools import prepare_data
+from tools.prep import neardup
+from tools.prep.documents import CorpusReader
+from tools.prep.journal import WORK_DIR, run_fingerprint
+from tools.prep.layouts import ReadOptions, find_sources
+from tools.prep.quality import QualityFilter, parse_thresholds
+from tools.prep.summary import Summary
+
+GERMAN = ("Die Stadt liegt am Ufer des Flusses und wurde im Mittelalter gegründet. Im Jahr 1850 wurde die erste "
+          "Brücke gebaut, die beide Teile der Stadt verbindet. Heute leben hier etwa zwanzigtausend Menschen, die "
+          "meisten arbeiten in der Landwirtschaft oder in kleinen Betrieben. Die Kirche aus dem vierzehnten "
+          "Jahrhundert ist das älteste Gebäude und wird noch immer für Gottesdienste genutzt.")
+
+
+def english(count, seed):
+    return list(files.synthetic_documents(count, seed=seed, paragraphs=(3, 4), sentences=(3, 5), words=(10, 16)))
+
+
+def make_vocab(path, documents, extra=""):
+    words = {w.strip(".?!,").lower() for _, doc in documents for p in doc for w in p.split()} | set(extra.split())
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words | {chr(c) for c in range(33, 127)})
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return path
+
+
+def argv_of(path, vocab, out, *extra):
+    return ["--input", str(path), "--output_dir", str(out), "--format", "bing", "--vocab_file", str(vocab),
+            "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", *map(str, extra)]
+
+
+def run(path, vocab, out, *extra):
+    assert prepare_data.main(argv_of(path, vocab, out, *extra)) == 0
+    part = [int(extra[i + 1]) for i, a in enumerate(extra) if a == "--part"]
+    return json.loads((out / (f"stats.part{part[0]:03d}.json" if part else "stats.json")).read_text())
+
+
+def shard_bytes(out):
+    return {os.path.relpath(os.path.join(root, n), out): open(os.path.join(root, n), "rb").read()
+            for sub in ("train", "validation") for root, _, names in os.walk(out / sub) for n in names}
+
+
+def removed(out, stage):
+    return [json.loads(line) for line in open(out / "kept" / f"{stage}.jsonl", encoding="utf-8")]
+
+
+def near_copy(doc, rng, changed=0.03):
+    """The document with `changed` of its words replaced by another word."""
+    title, paragraphs = doc
+    out = []
+    for p in paragraphs:
+        words = p.split()
+        for i in rng.sample(range(len(words)), max(1, int(changed * len(words)))):
+            words[i] = rng.choice(files.WORDS)
+        out.append(" ".join(words))
+    return title + " (copy)", out
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """40 documents and 6 near duplicates of some of them: 3% of the words changed, a boilerplate
+    paragraph added, the paragraphs reordered (two of each), each after its original."""
+    root = tmp_path_factory.mktemp("planted")
+    rng = random.Random(0)
+    docs = english(40, seed=5)
+    boiler = "Read more about the town and the river on the market page of the city school."
+    copies = [near_copy(docs[3], rng), near_copy(docs[9], rng),
+              (docs[12][0], docs[12][1] + [boiler]), (docs[15][0], [boiler] + docs[15][1]),
+              (docs[20][0], docs[20][1][::-1]), (docs[27][0], docs[27][1][1:] + docs[27][1][:1])]
+    corpus = docs + copies
+    path = files.write_jsonl(str(root / "docs.jsonl"), corpus)
+    return root, corpus, path, make_vocab(root / "vocab.txt", corpus, GERMAN.lower())
+
+
+def test_planted_near_duplicates_are_found_and_written_for_a_look(planted, tmp_path):
+    root, corpus, path, vocab = planted
+    stats = run(path, vocab, tmp_path / "o", "--keep_filtered", tmp_path / "o" / "kept")
+    near = stats["filters"]["near_dedup"]
+    assert near["removed"] == {"near_duplicate": 6} and (near["bands"], near["rows"]) == (14, 8)
+    assert stats["documents_kept"] == 40
+    assert [r["document"] for r in removed(tmp_path / "o", "near_dedup")] == list(range(40, 46))
+    assert any("filters: near_dedup 6" in line for line in _lines(stats))
+    off = run(path, vocab, tmp_path / "off", "--no_near_dedup")
+    assert "filters" not in off and off["documents_kept"] == 46
+
+
+def _lines(stats):
+    """The closing summary's lines for these stats."""
+    return Summary(output_dir="o", fmt="bing", read={k: stats[k] for k in (
+        "documents_read", "duplicates", "layouts", "filters")}).lines()
+
+
+def test_near_duplicates_across_parts_are_those_of_one_run(planted, tmp_path):
+    """Every part signs the whole input: a copy whose original went to another part is found."""
+    root, corpus, path, vocab = planted
+    whole = run(path, vocab, tmp_path / "one")["filters"]["near_dedup"]["removed"]["near_duplicate"]
+    parts = [run(path, vocab, tmp_path / "parts", "--num_parts", 2, "--part", k, "--overwrite",
+                 "--keep_filtered", tmp_path / "kept") for k in (0, 1)]
+    assert sum(p["filters"]["near_dedup"]["removed"]["near_duplicate"] for p in parts) == whole == 6
+    assert sum(p["documents_kept"] for p in parts) == 40
+    written = [json.loads(line)["document"] for k in (0, 1)
+               for line in open(tmp_path / "kept" / f"near_dedup.part{k:03d}.jsonl")]   # each part's own file
+    assert sorted(written) == list(range(40, 46))
+
+
+def test_workers_sign_the_same_near_duplicates_as_the_main_process(planted, tmp_path, monkeypatch):
+    """--workers 2 signs batches in the pool (4 documents a batch, blocks of 10: batches in flight
+    across blocks); the same documents go, the shards are the same bytes."""
+    root, corpus, path, vocab = planted
+    monkeypatch.setattr(neardup, "BLOCK", 10)
+    monkeypatch.setattr(neardup, "BATCH", 4)
+    run(path, vocab, tmp_path / "one", "--keep_filtered", tmp_path / "one" / "kept")
+    run(path, vocab, tmp_path / "two", "--workers", 2, "--prefix", "one", "--keep_filtered", tmp_path / "two" / "kept")
+    assert removed(tmp_path / "one", "near_dedup") == removed(tmp_path / "two", "near_dedup")
+    assert len(removed(tmp_path / "two", "near_dedup")) == 6
+    assert shard_bytes(tmp_path / "one") == shard_bytes(tmp_path / "two")
+
+
+def test_the_signature_pass_resumes_from_its_blocks(planted, tmp_path, monkeypatch):
+    root, corpus, path, vocab = planted
+    monkeypatch.setattr(neardup, "BLOCK", 8)
+    sources = find_sources([path])
+
+    def documents():
+        return CorpusReader(sources, ReadOptions())
+
+    fresh = neardup.SignaturePass(str(tmp_path / "fresh"), seed=1).run(documents())
+    monkeypatch.setattr(neardup, "BATCH", 3)     # blocks made of batches: the same band hashes
+    calls = []
+
+    def stop_after_two_blocks():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    stopped = neardup.SignaturePass(str(tmp_path / "s"), seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        stopped.run(documents(), stop_after_two_blocks)
+    assert sorted(os.listdir(tmp_path / "s")) == ["signatures_0000000.npy", "signatures_0000001.npy"]
+    signed, shingles = [], neardup.shingles
+    monkeypatch.setattr(neardup, "shingles", lambda text, n: signed.append(1) or shingles(text, n))
+    again = neardup.SignaturePass(str(tmp_path / "s"), seed=1).run(documents())
+    assert len(signed) == len(corpus) - 16            # the two blocks written are not signed again
+    assert again.tolist() == fresh.tolist() == list(range(40, 46))
+    for name in os.listdir(tmp_path / "fresh"):
+        assert np.array_equal(np.load(tmp_path / "fresh" / name), np.load(tmp_path / "s" / name)), name
+
+
+def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp_path):
+    root, corpus, path, vocab = planted
+    sentence = corpus[7][1][1].split(". ")[0]                # of at least 10 words
+    glue = tmp_path / "glue" / "probe_swap"
+    glue.mkdir(parents=True)
+    (glue / "dev.tsv").write_text(f"sentence\tlabel\n{sentence}\t1\n")
+    (glue / "train.tsv").write_text(f"sentence\tlabel\n{corpus[8][1][0]}\t1\n")    # training data: not used
+    pairs = tmp_path / "pairs.jsonl"
+    long = " ".join(corpus[11][1][2].split()[3:20])                                  # 17 words inside a sentence
+    pairs.write_text(json.dumps({"sentence_good": long.upper(), "sentence_bad": "Not in the corpus at all",
+                                 "UID": "x", "pairID": "0"}) + "\n")
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--decontaminate", tmp_path / "glue", pairs, "--keep_filtered", out / "kept",
+                "--no_near_dedup")
+    decontam = stats["filters"]["decontaminate"]
+    assert decontam["removed"] == {"ngram_13": 2} and decontam["evaluation"]["files"] == 2
+    assert [r["document"] for r in removed(out, "decontaminate")] == [7, 11]
+    assert stats["documents_kept"] == len(corpus) - 2
+    assert any("filters: decontaminate 2" in line for line in _lines(stats))
+    # cut: the document stays, without the paragraph that held the sentence
+    cut = run(path, vocab, tmp_path / "cut", "--decontaminate", pairs, "--decontaminate_action", "cut",
+              "--keep_filtered", tmp_path / "cut" / "kept", "--no_near_dedup")
+    assert cut["documents_kept"] == len(corpus)
+    (record,) = removed(tmp_path / "cut", "decontaminate")
+    assert record["cut"] and record["text"] == corpus[11][1][2]
+    assert any("filters: decontaminate 1 cut" in line for line in _lines(cut))
+
+
+def test_a_run_decontaminates_against_another_run_s_held_out_documents(planted, tmp_path):
+    """The demo's way: the held-out documents of one run (its heldout.jsonl: every sentence of them)
+    are the evaluation set of the next; the copy of held-out document 9 (3% of its words changed) is
+    the only training document sharing 13 words in a row with one."""
+    root, corpus, path, vocab = planted
+    run(path, vocab, tmp_path / "first", "--validation_fraction", 0.1)
+    heldout = tmp_path / "first" / "heldout.jsonl"
+    assert [json.loads(line)["document"] for line in open(heldout)] == [9, 19, 29, 39]
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--validation_fraction", 0.1, "--no_near_dedup", "--decontaminate", heldout,
+                "--keep_filtered", out / "kept")
+    assert [(r["document"], r["set"]) for r in removed(out, "decontaminate")] == [(41, "train")]
+    assert stats["sets"]["validation"]["documents"] == 4      # the held-out documents themselves stay
+
+
+def test_an_other_language_document_is_dropped(planted, tmp_path):
+    root, corpus, _, vocab = planted
+    docs = corpus[:10] + [("Stadt", [GERMAN])] + corpus[10:20]
+    path = files.write_jsonl(str(tmp_path / "mixed.jsonl"), docs)
+    stats = run(path, vocab, tmp_path / "o", "--languages", "en", "--keep_filtered", tmp_path / "o" / "kept")
+    assert stats["filters"]["language"]["removed"] == {"language_de": 1}
+    assert [r["document"] for r in removed(tmp_path / "o", "language")] == [10]
+    assert run(path, vocab, tmp_path / "de", "--languages", "de")["documents_kept"] == 1
+
+
+def test_quality_rules_count_what_each_removed(planted, tmp_path):
+    root, corpus, _, vocab = planted
+    good = corpus[:5]
+    para = [" ".join(doc[1]) for doc in corpus[30:34]]      # (each its own: no near duplicates)
+    bad = [("short", ["The town was built by the river in the first year."]),                    # min_words
+           ("lines", ["The river and the town.\n" * 30 + para[0]]),                                # duplicate lines
+           ("lorem", [para[1] + " Lorem ipsum dolor sit amet of the town and the river."]),      # C4's lorem ipsum
+           ("bullets", ["\n".join("- the " + " ".join(para[2].split()[i:i + 6]) for i in range(0, 120, 6))]),
+           ("symbols", [para[3] + " #tag" * 30])]
+    path = files.write_jsonl(str(tmp_path / "q.jsonl"), good + bad)
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--quality_filter", "--keep_filtered", out / "kept")
+    assert stats["filters"]["quality"]["removed"] == {
+        "min_words": 1, "max_duplicate_lines": 1, "c4_lorem_ipsum": 1, "max_bullet_lines": 1,
+        "max_symbol_word_ratio": 1}
+    assert [(r["document"], r["rule"]) for r in removed(out, "quality")] == [
+        (5, "min_words"), (6, "max_duplicate_lines"), (7, "c4_lorem_ipsum"), (8, "max_bullet_lines"),
+        (9, "max_symbol_word_ratio")]
+    assert stats["documents_kept"] == 5
+    relaxed = run(path, vocab, tmp_path / "r", "--quality_filter", "--quality_threshold", "min_words=5",
+                  "c4_lorem_ipsum=0")
+    assert relaxed["filters"]["quality"]["removed"] == {"max_duplicate_lines": 1, "max_bullet_lines": 1,
+                                                        "max_symbol_word_ratio": 1}
+
+
+def test_gopher_repetition_rules_on_their_own():
+    para = " ".join(w for _, doc in english(3, seed=2) for p in doc for w in p.split())
+    rules = QualityFilter(parse_thresholds(None))
+    assert rules.failed_rule(para) is None
+    # its most frequent 3-gram holds 25% of the characters (Gopher's limit: 18%), its 2-gram 18% (20%)
+    assert rules.failed_rule(para + (" the old castle" * int(0.025 * len(para)))) == "max_top_3gram"
+    assert rules.failed_rule("\n\n".join([para[:400]] * 3 + [para])) == "max_duplicate_paragraphs"
+
+
+def test_a_wikipedia_page_is_judged_by_its_text_not_its_markup(planted, tmp_path):
+    """The stages see a page as the shards will hold it: its templates ("{{...}}", which C4's rule
+    against "{" would drop it for) and tables removed, as the workers remove them."""
+    root, corpus, _, vocab = planted
+    path = files.write_mediawiki(str(tmp_path / "testwiki-pages-articles.xml"), corpus[:12])
+    assert open(path).read().count("{{") >= 12
+    out = tmp_path / "o"
+    stats = run(path, vocab, out, "--quality_filter", "--quality_threshold", "min_words=0", "min_stop_words=0",
+                "--keep_filtered", out / "kept")
+    assert stats["filters"]["quality"]["removed"] == {} and stats["documents_kept"] == 12, stats["filters"]
+
+
+def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path):
+    root, corpus, _, vocab = planted
+    path = files.write_jsonl(str(tmp_path / "clean.jsonl"), corpus[:40])
+    unrelated = tmp_path / "eval.txt"
+    unrelated.write_text("a sentence that occurs nowhere in the corpus, not even in part of it at all\n")
+    off = tmp_path / "off"
+    run(path, vocab, off, "--no_near_dedup", "--validation_fraction", 0.1)
+    on = tmp_path / "on"
+    stats = run(path, vocab, on, "--validation_fraction", 0.1, "--decontaminate", unrelated, "--languages", "en",
+                "--quality_filter", "--quality_threshold", "min_words=0", "min_stop_words=0", "--prefix", "off")
+    assert all(sum(f["removed"].values()) == 0 for f in stats["filters"].values()), stats["filters"]
+    assert shard_bytes(on) == shard_bytes(off) and shard_bytes(off)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--quality_threshold", "min_words=5"], "--quality_threshold without --quality_filter"),
+    (["--quality_filter", "--quality_threshold", "min_word=5"], "--quality_threshold min_word=5: expected NAME=VALUE"),
+    (["--quality_filter", "--quality_threshold", "max_bullet_lines=1.5"], "max_bullet_lines must be a share in [0, 1]"),
+    (["--quality_filter", "--quality_threshold", "min_words=-1"], "min_words must be a whole number >= 0"),
+    (["--languages", "en", "xx"], "--languages xx: not a language the model knows"),
+    (["--decontaminate", "MISSING"], "missing.tsv: no such file or folder"),
+    (["--decontaminate", "LATIN1"], "latin1.txt: not UTF-8 text (byte 3"),
+    (["--decontaminate", "BADJSON"], "bad.jsonl: line 2 is not JSON"),
+    (["--decontaminate", "EMPTYDIR"], "a folder without evaluation files"),
+    (["--decontaminate", "BADJSON", "--decontaminate_min_words", "20"], "--decontaminate_min_words 20: must be"),
+    (["--near_dedup_rows", "0"], "--near_dedup_rows 0: must be at least 1"),
+    (["--keep_filtered", "IN_TRAIN"], "inside --output_dir's train/ or validation/"),
+])
+def test_bad_settings_and_evaluation_sets_are_one_error_line(planted, tmp_path, capsys, flags, expected):
+    root, _, path, vocab = planted
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"sentence_good": "a b"}\nnot json\n')
+    (tmp_path / "empty").mkdir()
+    names = {"MISSING": tmp_path / "missing.tsv", "LATIN1": tmp_path / "latin1.txt", "BADJSON": tmp_path / "bad.jsonl",
+             "EMPTYDIR": tmp_path / "empty", "IN_TRAIN": tmp_path / "o" / "train" / "removed"}
+    flags = [str(names.get(f, f)) for f in flags]
+    assert prepare_data.main(argv_of(path, vocab, tmp_path / "o", *flags)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not (tmp_path / "o" / "train").exists()
+
+
+def test_a_resume_with_other_filter_settings_is_refused(planted, tmp_path, capsys):
+    root, _, path, vocab = planted
+    killed = tmp_path / "k"
+    (killed / WORK_DIR / "chunks").mkdir(parents=True)
+    argv = argv_of(path, vocab, killed)
+    fingerprint = run_fingerprint(prepare_data.resolved_tokenizer(prepare_data.build_parser().parse_args(argv)),
+                                  find_sources([path]))
+    (killed / WORK_DIR / "run.json").write_text(json.dumps(fingerprint))
+    np.savez(killed / WORK_DIR / "chunks" / "train_0000000.npz", x=np.zeros(1))
+    for extra, said in ((["--quality_filter"], "--quality_filter False then, True now"),
+                        (["--no_near_dedup"], "--near_dedup True then, False now")):
+        assert prepare_data.main(argv + extra) == 2
+        assert said in capsys.readouterr().err
+
+
+def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
+    docs = english(160, seed=11)
+    rng = random.Random(1)
+    docs += [near_copy(docs[i], rng) for i in range(0, 160, 10)] + [("Stadt", [GERMAN])] * 1
+    rng.shuffle(docs)
+    path = files.write_jsonl(str(tmp_path / "big.jsonl"), docs)
+    vocab = make_vocab(tmp_path / "vocab.txt", docs, GERMAN.lower())
+    evaluation = tmp_path / "eval.txt"
+    evaluation.write_text("\n".join(" ".join(doc[1][0].split()[:14]) for doc in docs[5:60:11]) + "\n")
+    flags = ["--format", "nvidia", "--chunk_size_mb", "0.004", "--num_shards", 2, "--decontaminate", evaluation,
+             "--languages", "en", "--quality_filter", "--quality_threshold", "min_words=100"]
+    out = tmp_path / "o"
+    argv = argv_of(path, vocab, out, *flags, "--keep_filtered", out / "kept")
+    kill_after_chunks(argv, out, 4)
+    assert (out / WORK_DIR / "near_dedup" / "removed.npy").exists()
+    assert prepare_data.main(argv) == 0
+    fresh = tmp_path / "fresh"
+    stats = run(path, vocab, fresh, *flags, "--prefix", "o", "--keep_filtered", fresh / "kept")
+    assert shard_bytes(out) == shard_bytes(fresh)
+    for stage in ("near_dedup", "decontaminate", "language", "quality"):
+        assert removed(out, stage) == removed(fresh, stage)
+        assert sum(stats["filters"][stage]["removed"].values()) > 0, stage
+    assert json.loads((out / "stats.json").read_text())["filters"] == stats["filters"]
+    assert not (out / WORK_DIR).exists()

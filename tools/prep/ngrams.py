@@ -1,0 +1,41 @@
+"""Words and word n-grams as the document stages compare them: a word is a run of letters and digits,
+case-folded (so punctuation, spacing and case never hide a match), and an n-gram is a 64-bit hash
+of n consecutive words, computed for a whole document at once with numpy.
+
+The hashes are Python's hash of each word (the same within one process, where every comparison is
+made) mixed polynomially modulo 2**64: two different n-grams share one with odds about 2**-64, the
+only way two runs could decide differently."""
+import re
+
+import numpy as np
+
+WORD = re.compile(r"\w+")
+_MIX = np.uint64(0x9E3779B97F4A7C15)     # odd: the polynomial's base
+
+
+def words(text):
+    return [w.casefold() for w in WORD.findall(text)]
+
+
+def word_hashes(ws):
+    return np.fromiter((hash(w) for w in ws), dtype=np.int64, count=len(ws)).view(np.uint64)
+
+
+def ngram_hashes(hashes, n):
+    """(len(hashes) - n + 1,) uint64: the hash of each n consecutive words (empty when fewer)."""
+    if len(hashes) < n:
+        return np.zeros(0, dtype=np.uint64)
+    out = hashes[:len(hashes) - n + 1].copy()
+    with np.errstate(over="ignore"):
+        for j in range(1, n):
+            out *= _MIX
+            out += hashes[j:len(hashes) - n + 1 + j]
+    return out
+
+
+def first_seen(grams):
+    """(len(grams),) bool: True where an n-gram occurs for the first time in the document."""
+    _, first = np.unique(grams, return_index=True)
+    mask = np.zeros(len(grams), dtype=bool)
+    mask[first] = True
+    return mask

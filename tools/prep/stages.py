@@ -1,0 +1,100 @@
+"""The document stages a run turns on (near duplicates, decontamination, language, quality), run in
+the main process on each document the exact-duplicate filter kept, in input order: what each
+removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
+themselves, one jsonl file a stage (and a part, with --num_parts), for a person to read.
+
+A stage is a callable `stage(set name, document number, document, text) -> (document, removal)`,
+`text` the document as the workers will read it (document_text: a MediaWiki page without its
+markup, reduced here once for all the stages that look at text, `needs_text`): the document kept
+as it was, or cut (a shorter document), or None when dropped; `removal` is None for a document
+left whole, else Removal(rule, text removed). Each stage has a `name` and `counts` (rule ->
+documents dropped, or cut). No stage sees another part's documents (--num_parts) or an exact
+duplicate the exact filter left out, so with every stage off the pipeline is the one without them.
+Near duplicates come first (their pass saw every document): a group whose first document a later
+stage drops loses the others too, as they would mostly fail it as well."""
+import json
+import os
+from typing import NamedTuple
+
+from tools.prep.documents import Wikitext
+from tools.prep.sentences import wikitext_to_text
+
+
+class Removal(NamedTuple):
+    rule: str        # which rule removed it: a quality rule's name, "ngram_13", "language", ...
+    text: str        # what was removed: the whole document, or the lines cut
+
+
+def document_text(document):
+    """A document as one string, as the workers will read it: a list of sentences one a line, a
+    MediaWiki page's wikitext without its markup (templates, tables, references: what the shards
+    never hold; the C4 rule against "{" would drop every page that has a template)."""
+    if isinstance(document, list):
+        return "\n".join(document)
+    return wikitext_to_text(document) if isinstance(document, Wikitext) else str(document)
+
+
+class DocumentStages:
+    """The stages in order; a document one of them drops goes no further. `keep_filtered`: a folder
+    for the removed documents (written as .tmp files there, renamed into place by `install`, so a
+    run that stops leaves the files of the last run that finished)."""
+
+    def __init__(self, stages, keep_filtered=None, part=None):
+        self.stages = list(stages)
+        self.keep_filtered = keep_filtered
+        self.suffix = f".part{part:03d}.jsonl" if part is not None else ".jsonl"   # parts share DIR
+        self._files = {}
+        if keep_filtered is not None:
+            os.makedirs(keep_filtered, exist_ok=True)
+
+    def __bool__(self):
+        return bool(self.stages)
+
+    def __call__(self, set_name, number, document):
+        text = None
+        for stage in self.stages:
+            if text is None and stage.needs_text:
+                text = document_text(document)
+            kept, removal = stage(set_name, number, document, text)
+            if removal is not None:
+                self._write(stage.name, set_name, number, removal, cut=kept is not None)
+            if kept is None:
+                return None
+            if kept is not document:      # cut: the later stages look at what is left
+                document, text = kept, None
+        return document
+
+    def counts(self):
+        """stats.json's `filters`: per stage, the documents each rule removed (or cut), and the
+        stage's settings (`info`)."""
+        return {stage.name: {"removed": dict(sorted(stage.counts.items())), **getattr(stage, "info", {})}
+                for stage in self.stages}
+
+    def _write(self, stage_name, set_name, number, removal, cut):
+        if self.keep_filtered is None:
+            return
+        f = self._files.get(stage_name)
+        if f is None:
+            f = self._files[stage_name] = open(self._tmp(stage_name), "w", encoding="utf-8")
+        f.write(json.dumps({"document": number, "set": set_name, "rule": removal.rule, "cut": cut,
+                            "text": removal.text}, ensure_ascii=False) + "\n")
+
+    def install(self):
+        """Move the removed documents' files into --keep_filtered (a stage that removed nothing: an
+        empty file, so the folder always says which stages ran)."""
+        if self.keep_filtered is None:
+            return
+        self.close()
+        for stage in self.stages:
+            path = self._tmp(stage.name)
+            if not os.path.exists(path):
+                open(path, "w").close()
+            os.replace(path, os.path.join(self.keep_filtered, stage.name + self.suffix))
+
+    def _tmp(self, stage_name):
+        return os.path.join(self.keep_filtered, f".{stage_name}{self.suffix}.tmp")
+
+    def close(self):
+        for f in self._files.values():
+            f.close()
+        self._files = {}
