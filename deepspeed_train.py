@@ -428,14 +428,18 @@ def start_session(cfg, model, optimizer, validation_set=None):
 def train_epochs(session, start_epoch, provider):
     """The epoch loop from epoch `start_epoch`: train, checkpoint, validate. The checkpoint comes
     first, so that nothing failing after an epoch (validation included) costs the epoch. A stop
-    (--max_steps, --max_train_hours) inside an epoch leaves a step{S} checkpoint that remembers
-    the position in the epoch. Validation follows every epoch and a run's end by --max_steps or
-    --max_train_hours, once; a signal or non-finite stop ends the run without it."""
+    (--max_steps, --stop_at_step, --max_train_hours) inside an epoch leaves a step{S} checkpoint
+    that remembers the position in the epoch. Validation follows every epoch and a run's end by
+    one of them, once; a signal or non-finite stop ends the run without it."""
     cfg, state = session.config, session.state
     num_epochs = cfg.job.training.num_epochs
     if start_epoch >= num_epochs:
         logger.warning("Nothing to do: the run has finished its %d epochs (global step %d); give a new --job_name "
                        "or --output_dir to train again", num_epochs, state.global_step)
+    elif reached_stop_step(cfg, state):
+        logger.warning("Nothing to do: the run reached --stop_at_step %d (global step %d); give a later step to "
+                       "train on", cfg.stop_at_step, state.global_step)
+        return
     session.clock.start()
     with logging_redirect_tqdm():  # log lines never cut into the progress bar
         for epoch in range(start_epoch, num_epochs):
@@ -452,15 +456,15 @@ def train_epochs(session, start_epoch, provider):
                         f" in this session (resumed after {resumed_at // cfg.gradient_accumulation_steps} of its "
                         f"optimizer steps)" if resumed_at else "")
             if stop is not None:
-                logger.warning("Stopping: %s reached at epoch %d, global step %d",
-                               "--max_train_hours" if stop == "time" else "--max_steps", epoch + 1, state.global_step)
+                logger.warning("Stopping: %s reached at epoch %d, global step %d", STOP_FLAGS[stop], epoch + 1,
+                               state.global_step)
                 return
 
 
 def train_epoch(session, epoch, provider):
     """One epoch of the step loop, from the session's position in epoch `epoch` on. Returns the
-    stop reason: None (epoch done), "max_steps" or "time"; raises StopTraining after a signal or
-    too many non-finite losses, once the checkpoint is written."""
+    stop reason: None (epoch done), "max_steps", "stop_at_step" or "time" (STOP_FLAGS); raises
+    StopTraining after a signal or too many non-finite losses, once the checkpoint is written."""
     cfg, state = session.config, session.state
     if epoch != state.epoch:  # a caller's choice of epoch (the original's train(args, index, ...))
         state.epoch, state.epoch_micro_step = epoch, 0
@@ -577,12 +581,15 @@ def micro_batches_to_run(cfg, device, epoch, available, start):
 
 def run_steps_left(cfg, state, epoch, epoch_micro_end):
     """A function giving about how many optimizer steps the run has left (for the progress lines'
-    estimate): this epoch's, the later epochs' at this epoch's length, within --max_steps."""
+    estimate): this epoch's, the later epochs' at this epoch's length, within --max_steps and
+    --stop_at_step."""
     accum, num_epochs = cfg.gradient_accumulation_steps, cfg.job.training.num_epochs
 
     def steps_left():
-        left = (epoch_micro_end - state.epoch_micro_step) // accum + (num_epochs - epoch - 1) * (epoch_micro_end // accum)
-        return min(left, cfg.max_steps - (state.global_step - state.restore_step))
+        left = ((epoch_micro_end - state.epoch_micro_step) // accum
+                + (num_epochs - epoch - 1) * (epoch_micro_end // accum))
+        left = min(left, cfg.max_steps - (state.global_step - state.restore_step))
+        return left if cfg.stop_at_step is None else min(left, cfg.stop_at_step - state.global_step)
     return steps_left
 
 
@@ -599,11 +606,21 @@ def step_checks(cfg, state, clock, signals, engine, loss):
     return bool(nonfinite), int(signum), bool(over_time)
 
 
+STOP_FLAGS = {"time": "--max_train_hours", "max_steps": "--max_steps", "stop_at_step": "--stop_at_step"}
+
+
 def stop_reason(cfg, state, step):
-    """"time" (--max_train_hours), "max_steps" (counted since the restore), or None."""
+    """"time" (--max_train_hours), "max_steps" (counted since the restore), "stop_at_step" (the
+    global step, over every session), or None."""
     if step.over_time:
         return "time"
-    return "max_steps" if is_time_to_exit(cfg, global_steps=state.global_step - state.restore_step) else None
+    if is_time_to_exit(cfg, global_steps=state.global_step - state.restore_step):
+        return "max_steps"
+    return "stop_at_step" if reached_stop_step(cfg, state) else None
+
+
+def reached_stop_step(cfg, state):
+    return cfg.stop_at_step is not None and state.global_step >= cfg.stop_at_step
 
 
 def handle_nonfinite(cfg, state, engine, optimizer, reporter, checkpointer):
@@ -692,7 +709,7 @@ def warn_when_the_schedule_has_ended(cfg, state, reporter, lr):
     if lr == 0.0 and state.global_step - state.rewarmup_offset >= total and reporter.first_time("lr_ended"):
         logger.warning("step %d: the learning rate is 0 from here on (--lr_schedule %s ends at the job config's "
                        "total_training_steps, %d): the steps after it do not train; set total_training_steps to the "
-                       "run's step count, or end the run there with --max_steps", state.global_step,
+                       "run's step count, or end the run there with --stop_at_step", state.global_step,
                        cfg.lr_schedule, total)
 
 

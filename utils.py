@@ -45,7 +45,12 @@ def get_argument_parser():
     add("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     add("--job_name", default=None, help="run name (default: the job config's 'name')")
     add("--max_steps", type=int, default=sys.maxsize,
-        help="stop after this many optimizer steps, counted since the restore")
+        help="stop after this many optimizer steps, counted since the restore (the original's flag: the same "
+             "command re-run after a stop trains that many again; see --stop_at_step)")
+    add("--stop_at_step", type=int, default=None,
+        help="end the run at this global optimizer step, counted over every session of the run: the same command "
+             "re-run after a kill (--auto_resume) ends where the uninterrupted run ends, and once there has "
+             "nothing to do")
     add("--max_steps_per_epoch", type=int, default=sys.maxsize,
         help="end an epoch after this many optimizer steps")
     add("--print_steps", type=int, default=100, help="progress line every this many optimizer steps")

@@ -97,6 +97,7 @@ def test_config_values_no_run_can_mean(capsys, data_root, tmp_path, edit, expect
 @pytest.mark.parametrize("flag, value, expected", [
     ("--print_steps", 0, "--print_steps must be >= 1, got 0"),
     ("--max_steps", -1, "--max_steps must be >= 1, got -1"),
+    ("--stop_at_step", 0, "--stop_at_step must be >= 1, got 0"),
     ("--max_seq_length", 1024, "--max_seq_length 1024 exceeds bert_model_config.max_position_embeddings 512"),
     ("--lr_offset", "nan", "--lr_offset must be a number, got nan"),
     ("--lr_offset", "inf", "--lr_offset must be a number, got inf"),

@@ -56,6 +56,24 @@ def test_resume_at_epoch_boundary_gives_identical_losses(provider, data_root, re
     assert losses(tmp_path) == reference[provider]
 
 
+def test_the_same_command_with_stop_at_step_ends_where_the_uninterrupted_run_ends(data_root, reference, tmp_path,
+                                                                                  capsys):
+    """--stop_at_step counts the global step over every session, so the command a user re-runs
+    after a kill ends at the same step (--max_steps, the original's flag, counts since the restore:
+    it would train that many again), and once there it has nothing to do."""
+    command = ("--stop_at_step", 6, "--checkpoint_every_steps", 2, "--auto_resume")
+    train(data_root, tmp_path, "nvidia", *command, "--max_steps", 3)    # a session that ended early
+    assert losses(tmp_path) == reference["nvidia"][:3]
+    assert train(data_root, tmp_path, "nvidia", *command) == reference["nvidia"][:6]
+    assert open(tmp_path / "saved_models" / "tiny_bert" / "latest").read() == "step6"
+    capsys.readouterr()
+    train(data_root, tmp_path, "nvidia", *command)
+    assert "Nothing to do: the run reached --stop_at_step 6 (global step 6)" in capsys.readouterr().err
+    assert losses(tmp_path) == reference["nvidia"][:6]
+    train(data_root, tmp_path, "nvidia", "--stop_at_step", 8, "--auto_resume")
+    assert losses(tmp_path) == reference["nvidia"]                       # bit for bit, to the last step
+
+
 def test_resume_from_an_older_interval_checkpoint(data_root, reference, tmp_path):
     first = tmp_path / "first"
     train(data_root, first, "nvidia", "--checkpoint_every_steps", 2, "--max_steps", 6)

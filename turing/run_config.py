@@ -312,6 +312,8 @@ def check_config_values(args):
         _check_value(args.peak_tflops, "--peak_tflops", 0, above=True)
     if args.max_train_hours is not None:
         _check_value(args.max_train_hours, "--max_train_hours", 0, above=True)
+    if args.stop_at_step is not None:
+        _check_value(args.stop_at_step, "--stop_at_step", 1, integer=True)
     for epoch in args.ckpt_to_save or ():
         _check_value(epoch, "--ckpt_to_save", 1, integer=True)
 
@@ -430,6 +432,7 @@ class RunConfig:
     print_steps: int
     max_steps: int
     max_steps_per_epoch: int
+    stop_at_step: Optional[int]      # a global step, over every session (None: no such end)
     max_train_hours: Optional[float]
     validation_every_steps: int
     finetune: bool
