@@ -42,7 +42,7 @@ demo's validation set) and the minimal pairs (accuracy, 95% Wilson interval).
 
 Prints a table and the JSON line it appends to --output.
 
-    python bench/bench_continued.py                               # about 15 minutes on 2 cores
+    python bench/bench_continued.py                               # about 13 minutes on 2 cores
     python bench/bench_continued.py --steps 20 --checkpoint_every 5 --pretrain_steps 20 --domain_mb 0.2  # a look
 """
 import argparse
@@ -85,7 +85,7 @@ def parse_args(argv=None):
     add("--checkpoint_every", type=int, default=30)
     add("--kill_at", type=int, default=None, help="SIGKILL the restart runs after this step (default: 1.5 "
                                                   "checkpoint intervals)")
-    add("--pretrain_steps", type=int, default=200, help="general pretraining of the stock model (our trainer; 0: "
+    add("--pretrain_steps", type=int, default=600, help="general pretraining of the stock model (our trainer; 0: "
                                                         "none, its random weights)")
     add("--pretrain_lr", type=float, default=1e-3)
     add("--layers", type=int, default=2)
