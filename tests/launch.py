@@ -3,6 +3,7 @@ environment are testkit.launcher's, shared with bench/) or in this process, on t
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -20,6 +21,48 @@ def start(train_args, out_file, num_ranks=1):
     """Start a launcher run in its own process group (as a shell job), output to a file."""
     return subprocess.Popen(train_cmd(train_args, num_ranks), cwd=REPO, env=launch_env(), stdout=open(out_file, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
+
+
+# The trainer run as `python deepspeed_train.py` (one rank, no launcher), held forever just before
+# it writes the completion marker of checkpoint tag PAUSE_TAG, after printing PAUSED: the moment a
+# SIGKILL leaves that checkpoint's files without their marker, found without racing the run.
+_PAUSED_TRAINER = """
+import os, runpy, sys, time
+sys.path.insert(0, {repo!r})
+import turing.checkpointer
+from turing.checkpoint import COMPLETE_MARKER
+write_atomic = turing.checkpointer.write_atomic
+
+def held_before_marker(path, text):
+    if path.endswith(COMPLETE_MARKER) and os.path.basename(os.path.dirname(path)) == {tag!r}:
+        print("PAUSED", flush=True)
+        time.sleep(3600)
+    write_atomic(path, text)
+
+turing.checkpointer.write_atomic = held_before_marker
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def start_held_before_marker(train_args, out_file, tag):
+    """Start the trainer on one rank, in its own process group, output to a file; it stops just
+    before checkpoint `tag`'s completion marker (wait_for_line(..., "PAUSED")) until killed."""
+    code = _PAUSED_TRAINER.format(repo=REPO, tag=tag, script=os.path.join(REPO, "deepspeed_train.py"))
+    return subprocess.Popen([sys.executable, "-c", code, *[str(a) for a in train_args]], cwd=REPO,
+                            env=launch_env(), stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_for_line(proc, out_file, text, timeout=300):
+    """Wait until a started run has printed a line holding `text`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(text in line for line in open(out_file).read().splitlines()):
+            return
+        assert proc.poll() is None, open(out_file).read()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not printed in {timeout} s")
 
 
 def wait_for_step(proc, out_file, step, timeout=300):

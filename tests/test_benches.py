@@ -92,6 +92,33 @@ def test_bench_quality(tmp_path):
     assert record["recipe"] == "demo" and "| demo |" in out
 
 
+@pytest.mark.skipif(not os.path.isdir("/usr/share/common-licenses"), reason="the domain is the system's licence texts")
+def test_bench_continued(tmp_path):
+    """A general set made here (synthetic documents, a 300-token vocab), a 1-layer stock model
+    with random weights, 6 steps of each trainer, killed after step 3 and restarted."""
+    from testkit.corpora import synthetic_documents, write_text_docs
+    from tools import prepare_data
+
+    write_text_docs(str(tmp_path / "general.txt"), synthetic_documents(80))
+    assert prepare_data.main(["--input", str(tmp_path / "general.txt"), "--input_format", "text_docs", "--output_dir",
+                              str(tmp_path / "general"), "--build_vocab", "300", "--validation_fraction", "0.2"]) == 0
+    out = bench(tmp_path, "bench_continued.py", "--work", tmp_path / "work", "--general", tmp_path / "general",
+                "--layers", 1, "--hidden", 32, "--heads", 2, "--intermediate", 64, "--pretrain_steps", 0, "--steps", 6,
+                "--batch", 8, "--checkpoint_every", 2, "--kill_at", 3, "--domain_mb", 0.1, "--pairs_per_kind", 2,
+                "--domain_text_tokens", 100, "--validation_sequences", 16, "--output", tmp_path / "continued.jsonl")
+    (record,) = json_lines(tmp_path / "continued.jsonl")
+    assert "samples/s: ours" in out and "| stock |" in out
+    assert all(record["samples_per_s"][who] > 0 for who in ("ours", "hf"))
+    assert [[step for step, _, _ in record["curves"][who]] for who in ("ours", "hf")] == [[0, 2, 4, 6]] * 2
+    assert record["curves"]["ours"][0] == record["curves"]["hf"][0]           # both start from the stock model
+    ours, hf = record["restart"]["ours"], record["restart"]["hf"]
+    for who in (ours, hf):    # killed after step 3 or later, resumed from its last checkpoint, run to the end
+        assert 2 <= who["resumed_from_step"] <= who["killed_after_step"] < 6 and who["last_step_compared"] == 6
+        assert who["steps_trained_twice"] == who["killed_after_step"] - who["resumed_from_step"]
+    assert ours["losses_equal_uninterrupted"] and isinstance(hf["same_masks_after_restart"], bool)
+    assert set(record["quality"]) == {"stock", "ours", "hf"}
+
+
 def test_bench_train_gpu(tmp_path):
     """The prepared GPU job's pipeline with --tiny on the CPU: data made there, one run through
     the launcher read back from its TensorBoard scalars, the pure step beside it."""

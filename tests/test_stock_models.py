@@ -7,10 +7,15 @@ RobertaPreLayerNormForMaskedLM (our pre-LN block) and ModernBertForMaskedLM. Eac
 turing.pretrained, exported back without training with the stock model's logits, trained a few
 steps by the real program with a job config that names only the folder (without dropout, its first
 step's loss is transformers' on that batch; with dropout, a run resumed from an interval checkpoint
-repeats the uninterrupted one bit for bit), exported and fine-tuned a step; what we do not compute
+repeats the uninterrupted one bit for bit, and so does the trainer's own process SIGKILLed in its last
+checkpoint and run again with --auto_resume), exported and fine-tuned a step; what we do not compute
 is one error line. Nothing is downloaded."""
+import glob
 import json
 import os
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,9 +25,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tests.launch import TINY_CFG, ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
+from testkit.launcher import REPO, launch_env, progress  # noqa: E402
+from tests.launch import (TINY_CFG, ds_config, expect_input_error, start_held_before_marker, tiny_argv,  # noqa: E402
+                          train_in_process, train_losses, wait_for_line)
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from turing.batch import Batch  # noqa: E402
+from turing.checkpoint import complete_tags  # noqa: E402
 from turing.errors import InputValueError  # noqa: E402
 from turing.hf_convert import PADDED_ROW_BIAS  # noqa: E402
 from turing.modeling import BertForPreTrainingPreLN, ModelOptions  # noqa: E402
@@ -31,6 +39,7 @@ from turing.modern import ModernForPreTraining  # noqa: E402
 from turing.postln import BertForPreTrainingPostLN, PostLNConfig  # noqa: E402
 from turing.pretrained import open_trained, read_weights  # noqa: E402
 from turing.speedups import CPUAttention, Dropout, FusedMaskedLMLoss  # noqa: E402
+from turing.tb_events import iter_events, read_run  # noqa: E402
 from turing.tokenization import load_vocab, special_token_ids  # noqa: E402
 
 try:  # only the tests that build stock folders need it (needs_transformers)
@@ -410,6 +419,50 @@ def test_resume_from_the_interval_checkpoint_is_bit_for_bit(stock_run, data_root
     job_config = json.loads((stock_run["ckpt"] / "step2" / "job_config.json").read_text())
     assert job_config["bert_model_config"]["architecture"] == ARCHITECTURE[stock_run["kind"]]  # from config.json
     assert job_config["bert_token_file"] == str(stock_run["folder"] / "vocab.txt")
+
+
+def event_files(out, job=JOB):
+    return set(glob.glob(str(out / "runs" / job / "**" / "events.out.tfevents.*"), recursive=True))
+
+
+def new_event_losses(out, before):
+    """[(samples, loss)] of the training losses in the TensorBoard files under OUT that are not in `before`."""
+    return [(event.step, value.simple_value) for path in sorted(event_files(out) - before)
+            for event in iter_events(path) for value in event.summary.value if value.tag == "Train/Samples/train_loss"]
+
+
+@needs_transformers
+@pytest.mark.parametrize("stock_run", ["bert_mlm", "roberta", "modernbert"], indirect=True)  # one a block
+def test_sigkill_during_a_checkpoint_then_auto_resume_repeats_the_run(stock_run, data_root, tmp_path):
+    """The trainer as its own process from the folder, SIGKILLed while it writes its last
+    checkpoint (its files there, its completion marker not), then the same command again:
+    it resumes from the step-2 checkpoint and trains steps 3 and 4 to the uninterrupted run's
+    losses, bit for bit, and to its final weights. The run is one epoch long (4 steps), the
+    reference's --max_steps 4, which a resumed session would count from its restore."""
+    reference = read_run(str(stock_run["out"] / "runs" / JOB))[0]["Train/Samples/train_loss"]
+    assert [samples for samples, _ in reference] == [16, 32, 48, 64]
+    last = complete_tags(str(stock_run["ckpt"]))[-1]
+    assert last == "epoch1_step4"
+    out = tmp_path / "out"
+    args = tiny_argv(data_root, out, "--use_pretrain", "--checkpoint_every_steps", 2, "--print_steps", 1,
+                     "--auto_resume", cf=stock_job(tmp_path, stock_run["folder"], num_epochs=1), ds=stock_run["ds"])
+    log = tmp_path / "killed.log"
+    proc = start_held_before_marker(args, log, last)
+    wait_for_line(proc, log, "PAUSED")
+    os.killpg(proc.pid, signal.SIGKILL)       # no chance to clean up
+    proc.wait()
+    ckpt = out / "saved_models" / JOB
+    assert complete_tags(str(ckpt)) == ["step2"] and (ckpt / last).is_dir()    # cut short in its last checkpoint
+    before = event_files(out)
+    again = subprocess.run([sys.executable, os.path.join(REPO, "deepspeed_train.py"), *args], cwd=REPO,
+                           env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [row[0] for row in progress(again.stdout + again.stderr)] == [3, 4]
+    assert new_event_losses(out, before) == reference[2:]
+    assert complete_tags(str(ckpt)) == ["step2", last]
+    ours, theirs = (torch.load(str(folder / last / "mp_rank_00_model_states.pt"), weights_only=False)["module"]
+                    for folder in (ckpt, stock_run["ckpt"]))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 @needs_transformers
