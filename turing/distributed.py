@@ -24,8 +24,9 @@ from turing.process import Ranks
 
 def setup_process_group(timeout_seconds):
     """The process group, with every collective bounded by `timeout_seconds` and its start-up
-    rendezvous by join_seconds(timeout_seconds); returns this process's Ranks. Started without the launcher (`python deepspeed_train.py`, or main() in a
-    test), the process is one rank of one. Does nothing more when the group is up already."""
+    rendezvous by join_seconds(timeout_seconds); returns this process's Ranks. Started without the
+    launcher (`python deepspeed_train.py`, or main() in a test), the process is one rank of one.
+    Does nothing more when the group is up already."""
     if not dist.is_initialized():
         ensure_process_group_env()
         check_master_port_free()
