@@ -56,25 +56,29 @@ def start_held_before_marker(train_args, out_file, tag):
 
 def wait_for_line(proc, out_file, text, timeout=300):
     """Wait until a started run has printed a line holding `text`."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if any(text in line for line in open(out_file).read().splitlines()):
-            return
-        assert proc.poll() is None, open(out_file).read()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not printed in {timeout} s")
+    wait_for_output(proc, out_file, lambda log: any(text in line for line in log.splitlines()), f"{text!r} not printed",
+                    timeout)
 
 
 def wait_for_step(proc, out_file, step, timeout=300):
     """Wait until a started run has logged optimizer step `step`; returns the last step logged."""
+    def reached(log):
+        rows = progress(log)
+        return rows[-1][0] if rows and rows[-1][0] >= step else None
+    return wait_for_output(proc, out_file, reached, f"step {step} not reached", timeout)
+
+
+def wait_for_output(proc, out_file, found, what, timeout):
+    """Poll a started run's log until found(log) is truthy (returned); the run ending first, or
+    `timeout` seconds (a hang guard), fails with its log."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        rows = progress(open(out_file).read())
-        if rows and rows[-1][0] >= step:
-            return rows[-1][0]
+        result = found(open(out_file).read())
+        if result:
+            return result
         assert proc.poll() is None, open(out_file).read()[-3000:]
         time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+    raise AssertionError(f"{what} in {timeout} s")
 
 
 def tiny_argv(data_root, out, *extra, seq=128, cf=TINY_CFG, ds=TINY_DS, nvidia=True):
