@@ -134,4 +134,4 @@ def test_a_schedule_that_reached_zero_says_once_that_the_steps_after_it_do_not_t
     train_in_process(data_root, tmp_path / "out", ds_config(tmp_path), "--lr_schedule", "WSD", cf=cf)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "the learning rate is 0" in line]
     assert len(warnings) == 1 and "step 5: the learning rate is 0 from here on" in warnings[0], warnings
-    assert "--max_steps" in warnings[0]
+    assert "--stop_at_step" in warnings[0]
