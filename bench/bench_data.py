@@ -37,7 +37,6 @@ import statistics
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -189,7 +188,8 @@ def max_predictions(seq):
 
 
 def make_provider(name, root, seq, vocab_file, vocab_size, batch, async_worker=False):
-    """The provider deepspeed_train.py builds, from the args it would pass (one rank, no workers)."""
+    """The provider deepspeed_train.py builds, from the args it would pass (one rank, no workers): the
+    providers take the trainer's parsed argparse.Namespace, as the original's do."""
     training = {"num_workers": 0}
     if name == "nvidia":
         datasets = {"pretrain_dataset": f"nvidia_{seq}"}
@@ -199,11 +199,11 @@ def make_provider(name, root, seq, vocab_file, vocab_size, batch, async_worker=F
         provider_class = BingBertDatasetProvider
         if async_worker:
             training["async_worker"] = True
-    args = SimpleNamespace(local_rank=-1, seed=SEED, train_micro_batch_size_per_gpu=batch,
-                           gradient_accumulation_steps=1, refresh_bucket_size=1, max_seq_length=seq,
-                           max_predictions_per_seq=max_predictions(seq), vocab_file=vocab_file,
-                           vocab_size=vocab_size, data_path_prefix=root,
-                           config={"training": training, "data": {"datasets": datasets}})
+    args = argparse.Namespace(local_rank=-1, seed=SEED, train_micro_batch_size_per_gpu=batch,
+                              gradient_accumulation_steps=1, refresh_bucket_size=1, max_seq_length=seq,
+                              max_predictions_per_seq=max_predictions(seq), vocab_file=vocab_file,
+                              vocab_size=vocab_size, data_path_prefix=root,
+                              config={"training": training, "data": {"datasets": datasets}})
     return provider_class(args)
 
 
