@@ -6,7 +6,7 @@ trains whole optimizer steps (the last micro batches that do not fill one are no
 epoch), so every checkpoint sits on a step boundary and a resume from any of them, the epoch-end
 ones included, reproduces the uninterrupted run's losses and final step: in this process on one
 rank (every tag of a run checkpointed at every step), and through the launcher on two ranks after a
-SIGKILL in the second epoch.
+SIGKILL in the first epoch and another in the second.
 """
 import os
 import signal
@@ -84,8 +84,10 @@ def test_resume_from_any_checkpoint_reproduces_the_run(provider, reference, odd_
 
 @pytest.mark.parametrize("provider", ["nvidia", "bing"])
 def test_sigkill_on_two_ranks_then_auto_resume(provider, odd_root, tmp_path):
-    """Two ranks, killed in epoch 2. NVIDIA: the ranks' shards have 5 and 7 micro batches, both run
-    4 (two whole steps) in each epoch; Bing: one step per dataset and epoch on each rank."""
+    """Two ranks, killed in epoch 1 (after step 1) and, resumed by the same command, again in epoch 2
+    (after step 3); the third start finishes the run. NVIDIA: the ranks' shards have 5 and 7 micro
+    batches, both run 4 (two whole steps) in each epoch; Bing: one step per dataset and epoch on each
+    rank. Every step any session logged is the uninterrupted run's, and the run ends at its step."""
     ds = accum_ds(tmp_path / "cfg")
     nvidia = provider == "nvidia"
     ref = launch(tiny_argv(odd_root, tmp_path / "ref", "--print_steps", 1, ds=ds, nvidia=nvidia), num_ranks=2)
@@ -94,11 +96,14 @@ def test_sigkill_on_two_ranks_then_auto_resume(provider, odd_root, tmp_path):
     assert [row[0] for row in reference] == [1, 2, 3, 4]
     args = tiny_argv(odd_root, tmp_path / "out", "--print_steps", 1, "--checkpoint_every_steps", 1, "--auto_resume",
                      ds=ds, nvidia=nvidia)
-    log = tmp_path / "killed.log"
-    proc = start(args, log, num_ranks=2)
-    wait_for_step(proc, log, 3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    for session, kill_after in enumerate((1, 3)):
+        log = tmp_path / f"killed{session}.log"
+        proc = start(args, log, num_ranks=2)
+        wait_for_step(proc, log, kill_after)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        logged = [row for row in progress(log.read_text()) if row[0] <= kill_after]
+        assert logged and logged == reference[logged[0][0] - 1:kill_after], log.read_text()[-3000:]
     again = launch(args, num_ranks=2)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = progress(again.stdout + again.stderr)
