@@ -529,6 +529,38 @@ def hf_checkpoints(out):
     return sorted((int(d.split("-")[1]), os.path.join(out, d)) for d in os.listdir(out) if d.startswith("checkpoint-"))
 
 
+def hf_checkpoint_complete(path):
+    """Whether the Trainer finished writing this checkpoint: trainer_state.json is its last file
+    (transformers' _save_checkpoint writes it after the weights, optimizer and RNG states; it
+    writes no completion marker)."""
+    try:
+        with open(os.path.join(path, "trainer_state.json")) as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def restart_hf(settings, out, env, complete):
+    """The Trainer's restart as its users type it, trainer.train(resume_from_checkpoint=True),
+    which takes the newest checkpoint folder. Where the kill cut that folder short, that start
+    fails (it reads the missing trainer_state.json), is run to see it, and the restart is then
+    the one a user makes next: resume_from_checkpoint= the newest complete checkpoint's path
+    (none: from the stock model). Returns (the started process, how it was restarted)."""
+    newest = hf_checkpoints(out)[-1][1] if hf_checkpoints(out) else None
+    if newest is None or hf_checkpoint_complete(newest):
+        return start_hf(settings, out, env, True), "trainer.train(resume_from_checkpoint=True)"
+    first = start_hf(settings, out, env, True)
+    if first.wait() == 0:
+        return first, "trainer.train(resume_from_checkpoint=True), although the kill had cut its newest checkpoint short"
+    error = ([line for line in open(os.path.join(out, "run.log")).read().splitlines() if line.strip()] or ["?"])[-1]
+    fallback = complete[-1][1] if complete else False
+    how = (f"trainer.train(resume_from_checkpoint=True) failed on {os.path.basename(newest)}, which the kill had cut "
+           f"short ({error[:160]}); then resume_from_checkpoint="
+           + (os.path.basename(fallback) if fallback else "False (no complete checkpoint: from the start)"))
+    return start_hf(settings, out, env, fallback), how
+
+
 def fresh(folder):
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -601,21 +633,21 @@ def main(argv=None):
     killed = kill_all_after(procs, watch, kill_at)
     from turing.checkpoint import complete_tags
 
+    hf_complete = [(step, path) for step, path in hf_checkpoints(hf_kill) if hf_checkpoint_complete(path)]
     resumed_from = {"ours": max([tag_step(t) for t in complete_tags(os.path.join(ours_kill, "saved_models",
                                                                                  "continued"))], default=0),
-                    "hf": max([s for s, _ in hf_checkpoints(hf_kill)], default=0)}
+                    "hf": hf_complete[-1][0] if hf_complete else 0}
     hf_before = len(open(hf_log).read().splitlines())
     restarted_log = os.path.join(ours_kill, "restarted.log")
-    procs = {"ours": start_ours(work, ours_kill, cf, ds, args, env, restarted_log),
-             "hf": start_hf(hf_settings, hf_kill, env, True)}
+    hf_proc, hf_how = restart_hf(hf_settings, hf_kill, env, hf_complete)
+    procs = {"ours": start_ours(work, ours_kill, cf, ds, args, env, restarted_log), "hf": hf_proc}
     watch = {"ours": lambda: ours_progress(restarted_log),
              "hf": lambda: hf_losses(hf_log, hf_before)}
     # each restarted run is stopped AFTER steps past the step it had reached (or ends first)
     kill_all_after(procs, watch, max(killed.values()) + AFTER, allow_end=True)
     reference = {"ours": ours_progress(os.path.join(ours_out, "run.log")), "hf": hf_rows}
     restarts = {who: {**restart_record(watch[who](), resumed_from[who], reference[who], killed[who]), "how": how}
-                for who, how in (("ours", "the same command, with --auto_resume"),
-                                 ("hf", "trainer.train(resume_from_checkpoint=True)"))}
+                for who, how in (("ours", "the same command, with --auto_resume"), ("hf", hf_how))}
     uninterrupted = {r["step"]: r for r in hf_steps(os.path.join(hf_out, "steps.jsonl"))}
     restarted = [r for r in hf_steps(hf_log, hf_before) if r["step"] > resumed_from["hf"]]
     restarts["hf"].update({f"same_{key}_after_restart": all(r[field] == uninterrupted[r["step"]][field]
