@@ -180,11 +180,13 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster of this process, small (2 CPUs, 8 GB to reserve, a 128 MB object store, no
-    dashboard): prepare_parts uses the driver it finds connected. Shut down after the module's tests."""
+    dashboard), its workers at the usual priority as prepare_parts starts one (at Ray's niceness 15 a
+    busy machine starved a part of a second for 30 s): prepare_parts uses the driver it finds
+    connected. Shut down after the module's tests."""
     import ray
 
     ray.init(address="local", num_cpus=2, _memory=8 * 2 ** 30, object_store_memory=128 * 2 ** 20,
-             include_dashboard=False, log_to_driver=False,
+             include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0},
              runtime_env={"env_vars": {"PYTHONPATH": prepare_parts.ROOT}})   # the workers import tests/ too
     yield ray
     ray.shutdown()
@@ -217,7 +219,7 @@ class LostOnce(prepare_parts.PreparePart):
 
 def starts(ran):
     """The parts started so far, in order of their part numbers (parts side by side start in any order)."""
-    return sorted(int(line) for line in open(ran, encoding="utf-8").read().split()) if os.path.exists(ran) else []
+    return sorted(int(line) for line in ran.read_text(encoding="utf-8").split()) if ran.exists() else []
 
 
 @pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=needs_ray)])

@@ -52,6 +52,7 @@ from tools.prep.layouts import require
 
 MARKERS = ".prepare_parts"        # OUT/MARKERS: datatrove's logging folder (completions/, logs/, stats/)
 ERRORS = "errors"                 # MARKERS/ERRORS: a part's error line, where Ray's executor ran it
+NICENESS = "RAY_worker_niceness"   # Ray's setting of its workers' niceness (default 15)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository the Ray workers import
 
 
@@ -161,17 +162,24 @@ def make_executor(own, rest, folder, workers):
 def ray_cluster(address):
     """Connected to the Ray cluster at `address` (None: as ray.init() finds one, or a local one
     started here) for the block, with this repository on the workers' PYTHONPATH; a driver the
-    caller connected already (ray.is_initialized()) is used as it is and left connected."""
+    caller connected already (ray.is_initialized()) is used as it is and left connected. A local
+    cluster started here runs its workers at the usual priority, as the local executor's parts run
+    (Ray's own default, niceness 15, lets any other work on the machine starve them)."""
     import ray
 
     if ray.is_initialized():
         yield ray
         return
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    niceness = os.environ.get(NICENESS)
+    os.environ.setdefault(NICENESS, "0")        # read by a raylet this ray.init starts, not by a running one
     try:
         ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": path}})
     except (ValueError, RuntimeError) as e:     # a malformed address, another Ray version, too small a /dev/shm
         raise PrepareDataError(f"ray.init(address={address!r}): {e}") from None
+    finally:
+        if niceness is None:
+            del os.environ[NICENESS]
     try:
         yield ray
     finally:
