@@ -18,6 +18,8 @@ with its own --workers:
   reserves --workers CPUs and --ray_mem_per_cpu_gb GB per CPU on one node. OUT must be on a
   filesystem every node shares, at the same path, and so must this repository, which the workers
   import (it is put on their PYTHONPATH). A part that fits on no node is refused before any runs.
+  A cluster that asks for a token (Ray's default) is reached at an address given with
+  RAY_AUTH_MODE=token and its token here (~/.ray/auth_token or RAY_AUTH_TOKEN).
 
 Completion markers are datatrove's own: OUT/.prepare_parts/completions/000KK once part K's shards
 are installed, with each task's log in OUT/.prepare_parts/logs/. A part that failed or was
@@ -177,6 +179,11 @@ def ray_cluster(address):
         ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": path}})
     except (ValueError, RuntimeError) as e:     # a malformed address, another Ray version, too small a /dev/shm
         raise PrepareDataError(f"ray.init(address={address!r}): {e}") from None
+    except ConnectionError as e:                # Ray sends its token to an address given only when told to
+        hint = "" if os.environ.get("RAY_AUTH_MODE") else (
+            "; a cluster that asks for a token (Ray's default) needs RAY_AUTH_MODE=token here and its token "
+            "(~/.ray/auth_token or RAY_AUTH_TOKEN)")
+        raise PrepareDataError(f"{e}{hint}") from None
     finally:
         if niceness is None:
             del os.environ[NICENESS]
@@ -219,7 +226,7 @@ def main(argv=None):
             executor = make_executor(own, rest, folder, first.workers)
             if own.executor == "ray" and executor.get_incomplete_ranks(range(own.num_parts)):
                 check_fits(connected.enter_context(ray_cluster(own.ray_address)), executor)
-        except (PrepareDataError, CorpusError, OSError) as e:   # OSError: also Ray's ConnectionError
+        except (PrepareDataError, CorpusError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         failure = None
