@@ -1,11 +1,16 @@
 """tools/prepare_data.py spread over processes: the main process only coordinates (the reader
 process reads and deals the documents, the workers make the arrays and deflate the hdf5 chunks),
 a multistream .bz2 is decompressed on threads, and the shards stay those of one worker; and over
-machines: tools/prepare_parts.py runs the parts as datatrove tasks with completion markers."""
+machines: tools/prepare_parts.py runs the parts as datatrove tasks with completion markers, by its
+local executor or by its Ray executor on a local Ray cluster."""
 import bz2
+import functools
+import importlib.util
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -167,30 +172,78 @@ def parts_reference(corpus, tmp_path_factory):
     return dataset(out)
 
 
-def test_a_relaunch_runs_only_the_parts_without_a_completion_marker(corpus, parts_reference, tmp_path, monkeypatch,
-                                                                    capsys):
-    out = tmp_path / "o"
-    ran, real = [], prepare_data.prepare
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="runs the parts on a local Ray cluster (pip install ray)")
 
-    def lost_once(args, signals=None):        # part 1's machine is lost the first time
-        ran.append(args.part)
-        if args.part == 1 and ran.count(1) == 1:
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of this process, small (2 CPUs, 8 GB to reserve, a 128 MB object store, no
+    dashboard), its workers at the usual priority as prepare_parts starts one (at Ray's niceness 15 a
+    busy machine starved a part of a second for 30 s): prepare_parts uses the driver it finds
+    connected. Shut down after the module's tests."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, _memory=8 * 2 ** 30, object_store_memory=128 * 2 ** 20,
+             include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0},
+             runtime_env={"env_vars": {"PYTHONPATH": prepare_parts.ROOT}})   # the workers import tests/ too
+    yield ray
+    ray.shutdown()
+
+
+class LostOnce(prepare_parts.PreparePart):
+    """prepare_parts' step whose part 1 is lost the first time (its prepare_data raises); each start
+    of a part is a line of the file `ran`, since a part may run in another process (Ray's)."""
+
+    def __init__(self, argv, errors=None, ran=None):
+        super().__init__(argv, errors)
+        self.ran = ran
+
+    def __call__(self, data, rank, world_size):
+        with open(self.ran, "a", encoding="utf-8") as f:
+            f.write(f"{rank}\n")
+        if rank != 1 or starts(self.ran).count(1) > 1:
+            return super().__call__(data, rank, world_size)
+        real = prepare_data.prepare
+
+        def lost(args, signals=None):
             raise PrepareDataError("lost machine")
-        return real(args, signals)
 
-    monkeypatch.setattr(prepare_data, "prepare", lost_once)
-    assert prepare_parts.main(parts_argv(corpus, out)) == 1
+        prepare_data.prepare = lost            # in the part's process only, and only for this run
+        try:
+            return super().__call__(data, rank, world_size)
+        finally:
+            prepare_data.prepare = real
+
+
+def starts(ran):
+    """The parts started so far, in order of their part numbers (parts side by side start in any order)."""
+    return sorted(int(line) for line in ran.read_text(encoding="utf-8").split()) if ran.exists() else []
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=needs_ray)])
+def test_a_relaunch_runs_only_the_parts_without_a_completion_marker(executor, corpus, parts_reference, tmp_path,
+                                                                    monkeypatch, capsys, request):
+    """local: the parts in-process, one after the other; ray: side by side on the local Ray cluster."""
+    flags = ("--executor", "ray", "--parallel_parts", "2") if executor == "ray" else ()
+    if executor == "ray":
+        request.getfixturevalue("ray_cluster")
+    out, ran = tmp_path / "o", tmp_path / "ran"
+    monkeypatch.setattr(prepare_parts, "PreparePart", functools.partial(LostOnce, ran=ran))
+    assert prepare_parts.main(parts_argv(corpus, out, *flags)) == 1
     assert "error: parts 1 of 2 did not finish (PrepareDataError: lost machine)" in capsys.readouterr().err
     assert os.listdir(out / prepare_parts.MARKERS / "completions") == ["00000"]
-    assert prepare_parts.main(parts_argv(corpus, out)) == 0
-    assert ran == [0, 1, 1]                    # part 0 not again
+    assert prepare_parts.main(parts_argv(corpus, out, *flags)) == 0
+    assert starts(ran) == [0, 1, 1]            # part 0 not again
     assert dataset(out) == parts_reference
-    assert prepare_parts.main(parts_argv(corpus, out)) == 0 and ran == [0, 1, 1]   # all done: nothing runs
+    assert prepare_parts.main(parts_argv(corpus, out, *flags)) == 0 and starts(ran) == [0, 1, 1]   # all done
+    if executor == "ray":                      # the local executor skips the parts Ray's finished
+        assert prepare_parts.main(parts_argv(corpus, out)) == 0 and starts(ran) == [0, 1, 1]
     capsys.readouterr()
-    assert prepare_parts.main(parts_argv(corpus, out, "--seed", "7")) == 2
+    assert prepare_parts.main(parts_argv(corpus, out, *flags, "--seed", "7")) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "another prepare_parts command" in err and "--overwrite_markers" in err
-    assert ran == [0, 1, 1]
+    assert starts(ran) == [0, 1, 1]
 
 
 def test_parts_run_side_by_side_in_the_executors_processes(corpus, parts_reference, tmp_path):
@@ -198,3 +251,39 @@ def test_parts_run_side_by_side_in_the_executors_processes(corpus, parts_referen
     assert prepare_parts.main(parts_argv(corpus, out, "--parallel_parts", "2")) == 0
     assert sorted(os.listdir(out / prepare_parts.MARKERS / "completions")) == ["00000", "00001"]
     assert dataset(out) == parts_reference
+
+
+@needs_ray
+def test_parts_run_on_the_ray_cluster_at_an_address_from_outside_the_repository(corpus, parts_reference, ray_cluster,
+                                                                                 tmp_path):
+    """The command of a machine of a Ray cluster (--ray_address HEAD:PORT), a second driver of the
+    cluster, run from another directory: the workers import the repository from the PYTHONPATH the
+    tool gives them; it disconnects and ends."""
+    out = tmp_path / "o"
+    argv = parts_argv(corpus, out, "--executor", "ray", "--parallel_parts", "2",
+                      "--ray_address", ray_cluster.get_runtime_context().gcs_address)
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env["RAY_AUTH_MODE"] = "token"     # Ray sends the cluster's token (~/.ray/auth_token) to an address given so only
+    run = subprocess.run([sys.executable, os.path.join(prepare_parts.ROOT, "tools", "prepare_parts.py"), *argv],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(os.listdir(out / prepare_parts.MARKERS / "completions")) == ["00000", "00001"]
+    assert dataset(out) == parts_reference
+
+
+@needs_ray
+def test_a_part_that_fits_on_no_node_of_the_ray_cluster_is_refused(corpus, ray_cluster, tmp_path, capsys):
+    """Ray would wait for a node of 3 CPUs for ever: refused with one line before any part runs."""
+    out = tmp_path / "o"
+    assert prepare_parts.main(parts_argv(corpus, out, "--executor", "ray", "--workers", "3")) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]  # beside Ray's logs
+    assert errors == ["error: --workers 3 --ray_mem_per_cpu_gb 2: a part needs 3 CPUs and 6.0 GB on one node; the "
+                      "Ray cluster's nodes have 2 CPUs and 8.0 GB"]
+    assert not os.path.exists(out / prepare_parts.MARKERS / "completions")
+
+
+def test_the_ray_executor_without_ray_is_one_error_line(corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)      # `import ray` raises ImportError, installed or not
+    assert prepare_parts.main(parts_argv(corpus, tmp_path / "o", "--executor", "ray")) == 2
+    assert capsys.readouterr().err == \
+        "error: prepare_parts --executor ray needs the Python package ray: pip install ray\n"

@@ -39,15 +39,16 @@ READ_BYTES = 1 << 20
 WIKIEXTRACTOR_NAME = re.compile(r"^wiki_\d+(\.bz2|\.gz)?$")
 
 
-def require(module, purpose):
-    """Import an optional package, or raise one line naming the pip command that installs it."""
+def require(module, purpose, requirements=OPTIONAL):
+    """Import an optional package, or raise one line naming the pip command that installs it (from
+    the `requirements` file that lists it, None where none of the program's does)."""
     try:
         return importlib.import_module(module)
     except ImportError:
         package = {"blingfire": "blingfire", "mwparserfromhell": "mwparserfromhell", "pyarrow.parquet": "pyarrow",
                    "zstandard": "zstandard", "datasets": "datasets"}.get(module, module)
-        raise CorpusError(f"{purpose} needs the Python package {package}: pip install -r {OPTIONAL} "
-                          f"(or pip install {package})") from None
+        how = f"pip install -r {requirements} (or pip install {package})" if requirements else f"pip install {package}"
+        raise CorpusError(f"{purpose} needs the Python package {package}: {how}") from None
 
 
 @dataclass(frozen=True)
