@@ -287,3 +287,12 @@ def test_the_ray_executor_without_ray_is_one_error_line(corpus, tmp_path, monkey
     assert prepare_parts.main(parts_argv(corpus, tmp_path / "o", "--executor", "ray")) == 2
     assert capsys.readouterr().err == \
         "error: prepare_parts --executor ray needs the Python package ray: pip install ray\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_ray_memory_that_is_no_positive_finite_number_is_one_error_line(value, corpus, tmp_path, capsys):
+    assert prepare_parts.main(parts_argv(corpus, tmp_path / "o", "--executor", "ray", "--ray_mem_per_cpu_gb",
+                                         value)) == 2
+    assert capsys.readouterr().err == \
+        f"error: --ray_mem_per_cpu_gb {float(value)}: need a finite number of GB above 0\n"
+    assert not os.path.exists(tmp_path / "o" / prepare_parts.MARKERS)

@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -69,7 +70,7 @@ class PreparePart:
         self.errors = errors
 
     def __call__(self, data, rank, world_size):
-        error = os.path.join(self.errors, f"{rank:05d}") if self.errors else None
+        error = error_path(self.errors, rank) if self.errors else None
         if error and os.path.exists(error):
             os.remove(error)
         try:
@@ -85,10 +86,15 @@ class PreparePart:
         return data
 
 
+def error_path(errors, rank):
+    """Where part `rank` leaves its error line in the folder `errors` (000KK, as datatrove names its markers)."""
+    return os.path.join(errors, f"{rank:05d}")
+
+
 def recorded_error(errors, ranks):
     """The error line the first of `ranks` left in `errors` (PreparePart's folder), or None."""
     for rank in ranks:
-        path = os.path.join(errors, f"{rank:05d}")
+        path = error_path(errors, rank)
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 return f.read()
@@ -216,6 +222,9 @@ def main(argv=None):
             if own.num_parts < 2 or own.parallel_parts < 1:
                 raise PrepareDataError(f"--num_parts {own.num_parts} --parallel_parts {own.parallel_parts}: need "
                                        "N >= 2 and at least 1 part at a time")
+            if not math.isfinite(own.ray_mem_per_cpu_gb) or own.ray_mem_per_cpu_gb <= 0:
+                raise PrepareDataError(f"--ray_mem_per_cpu_gb {own.ray_mem_per_cpu_gb}: need a finite number of GB "
+                                       "above 0")
             if own.executor != "ray" and own.ray_address is not None:
                 raise PrepareDataError("--ray_address: a Ray cluster is used with --executor ray only")
             first = prepare_data.build_parser().parse_args(rest + ["--num_parts", str(own.num_parts), "--part", "0"])
