@@ -547,7 +547,8 @@ def restart_hf(settings, out, env, complete):
     fails (it reads the missing trainer_state.json), is run to see it, and the restart is then
     the one a user makes next: resume_from_checkpoint= the newest complete checkpoint's path
     (none: from the stock model). Returns (the started process, how it was restarted)."""
-    newest = hf_checkpoints(out)[-1][1] if hf_checkpoints(out) else None
+    checkpoints = hf_checkpoints(out)
+    newest = checkpoints[-1][1] if checkpoints else None
     if newest is None or hf_checkpoint_complete(newest):
         return start_hf(settings, out, env, True), "trainer.train(resume_from_checkpoint=True)"
     first = start_hf(settings, out, env, True)
