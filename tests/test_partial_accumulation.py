@@ -5,8 +5,8 @@ batches, so with gradient accumulation 2 it would end in the middle of an optimi
 trains whole optimizer steps (the last micro batches that do not fill one are not trained in that
 epoch), so every checkpoint sits on a step boundary and a resume from any of them, the epoch-end
 ones included, reproduces the uninterrupted run's losses and final step: in this process on one
-rank (every tag of a run checkpointed at every step), and through the launcher on two ranks after a
-SIGKILL in the first epoch and another in the second.
+rank (every tag of a run checkpointed at every step), and through the launcher on one and two ranks
+after a SIGKILL in the first epoch and another in the second.
 """
 import os
 import signal
@@ -82,30 +82,32 @@ def test_resume_from_any_checkpoint_reproduces_the_run(provider, reference, odd_
         assert epoch_tags(out)[-1] == epoch_tags(ref_out)[-1]
 
 
-@pytest.mark.parametrize("provider", ["nvidia", "bing"])
-def test_sigkill_on_two_ranks_then_auto_resume(provider, odd_root, tmp_path):
-    """Two ranks, killed in epoch 1 (after step 1) and, resumed by the same command, again in epoch 2
-    (after step 3); the third start finishes the run. NVIDIA: the ranks' shards have 5 and 7 micro
-    batches, both run 4 (two whole steps) in each epoch; Bing: one step per dataset and epoch on each
-    rank. Every step any session logged is the uninterrupted run's, and the run ends at its step."""
+@pytest.mark.parametrize("provider, ranks, kills", [("nvidia", 2, (1, 3)), ("bing", 2, (1, 3)), ("nvidia", 1, (1, 4))])
+def test_sigkill_then_auto_resume(provider, ranks, kills, odd_root, tmp_path):
+    """Killed in epoch 1 (after step 1) and, resumed by the same command, again in epoch 2 (after
+    the second kill's step); the third start finishes the run. Two ranks, NVIDIA: the ranks' shards
+    have 5 and 7 micro batches, both run 4 (two whole steps) in each epoch; Bing: one step per
+    dataset and epoch on each rank. One rank, NVIDIA: the epochs have 5 and 7 micro batches (2 and 3
+    steps, in the order of the shards), so step 4 is in epoch 2 either way. Every step any session
+    logged is the uninterrupted run's, and the run ends at its step."""
     ds = accum_ds(tmp_path / "cfg")
     nvidia = provider == "nvidia"
-    ref = launch(tiny_argv(odd_root, tmp_path / "ref", "--print_steps", 1, ds=ds, nvidia=nvidia), num_ranks=2)
+    ref = launch(tiny_argv(odd_root, tmp_path / "ref", "--print_steps", 1, ds=ds, nvidia=nvidia), num_ranks=ranks)
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = progress(ref.stdout + ref.stderr)
-    assert [row[0] for row in reference] == [1, 2, 3, 4]
+    assert [row[0] for row in reference] == list(range(1, {1: 6, 2: 5}[ranks]))
     args = tiny_argv(odd_root, tmp_path / "out", "--print_steps", 1, "--checkpoint_every_steps", 1, "--auto_resume",
                      ds=ds, nvidia=nvidia)
-    for session, kill_after in enumerate((1, 3)):
+    for session, kill_after in enumerate(kills):
         log = tmp_path / f"killed{session}.log"
-        proc = start(args, log, num_ranks=2)
+        proc = start(args, log, num_ranks=ranks)
         wait_for_step(proc, log, kill_after)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         logged = [row for row in progress(log.read_text()) if row[0] <= kill_after]
         assert logged and logged == reference[logged[0][0] - 1:kill_after], log.read_text()[-3000:]
-    again = launch(args, num_ranks=2)
+    again = launch(args, num_ranks=ranks)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = progress(again.stdout + again.stderr)
-    assert resumed and resumed[-1][0] == 4
+    assert resumed and resumed[-1][0] == reference[-1][0]
     assert resumed == reference[resumed[0][0] - 1:]
