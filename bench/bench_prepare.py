@@ -71,6 +71,11 @@ FILTER_SETS = {"exact_dedup": ["--no_near_dedup"], "no_filter": ["--keep_duplica
                "quality": ["--no_near_dedup", "--quality_filter"]}
 
 
+# the most frequent words first: with them the text passes Gopher's stop-word rule (two of "the", "be",
+# "to", "of", "and", "that", "have", "with"), which random letter strings alone fail in every document
+COMMON_WORDS = ["the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be", "have"]
+
+
 class ZipfDocuments:
     """Documents of ~`mb` MB of text over a Zipf vocabulary (picklable, so `datasets` can call it)."""
 
@@ -81,6 +86,7 @@ class ZipfDocuments:
         rng = random.Random(self.seed)
         letters = "etaoinshrdlcumwfgypbvkjxqz"
         words = ["".join(rng.choices(letters, k=rng.randint(2, 10))) for _ in range(self.vocabulary)]
+        words[:len(COMMON_WORDS)] = COMMON_WORDS    # English's most frequent words lead, as in real text
         weights = list(itertools.accumulate(1 / (i + 1) for i in range(self.vocabulary)))
         target, size, d = self.mb * 1e6, 0, 0
         while size < target:
