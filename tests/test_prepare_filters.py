@@ -242,6 +242,18 @@ def test_gopher_repetition_rules_on_their_own():
     # its most frequent 3-gram holds 25% of the characters (Gopher's limit: 18%), its 2-gram 18% (20%)
     assert rules.failed_rule(para + (" the old castle" * int(0.025 * len(para)))) == "max_top_3gram"
     assert rules.failed_rule("\n\n".join([para[:400]] * 3 + [para])) == "max_duplicate_paragraphs"
+    words = para.split()
+    # a quarter of the words again, in one run: the words of 5-grams seen before hold ~17% of the
+    # characters (a fifth of the text, less its spaces and punctuation; limit 15%)
+    assert rules.failed_rule(" ".join(words + words[:len(words) // 4])) == "max_duplicate_5gram"
+    # a 10-word run repeated through the text (each copy after other words): only the 10-gram rule,
+    # with the 5- to 9-gram ones off, sees it, every rule below it having found nothing twice
+    block, step = words[:10], len(words) // 12
+    repeated = [w for i in range(12) for w in block + words[i * step:(i + 1) * step]]
+    relaxed = QualityFilter(parse_thresholds([f"max_duplicate_{n}gram=1" for n in range(5, 10)] +
+                                             [f"max_top_{n}gram=1" for n in (2, 3, 4)]))
+    assert relaxed.failed_rule(" ".join(repeated)) == "max_duplicate_10gram"
+    assert relaxed.failed_rule(" ".join(words)) is None
 
 
 def test_a_wikipedia_page_is_judged_by_its_text_not_its_markup(planted, tmp_path):

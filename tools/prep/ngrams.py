@@ -33,6 +33,15 @@ def ngram_hashes(hashes, n):
     return out
 
 
+def next_ngram_hashes(grams, hashes, n):
+    """ngram_hashes(hashes, n) from `grams` = ngram_hashes(hashes, n - 1) (the same values: one
+    multiply-add over the array where ngram_hashes makes n - 1)."""
+    if len(hashes) < n:
+        return np.zeros(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return grams[:len(hashes) - n + 1] * _MIX + hashes[n - 1:]
+
+
 def first_seen(grams):
     """(len(grams),) bool: True where an n-gram occurs for the first time in the document."""
     _, first = np.unique(grams, return_index=True)

@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from tools.prep import PrepareDataError
-from tools.prep.ngrams import first_seen, ngram_hashes, word_hashes, words
+from tools.prep.ngrams import first_seen, next_ngram_hashes, word_hashes, words
 from tools.prep.stages import Removal
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
@@ -90,33 +90,37 @@ def _duplicates(items):
 
 def _repeated_ngram_rule(t, ws, size):
     """Gopher's n-gram rules over the words `ws` of a text of `size` characters: the first failed,
-    or None. An n-gram's characters are its words' and the spaces between them."""
+    or None. An n-gram's characters are its words' and the spaces between them. The n-grams of each
+    size are made from the size below (next_ngram_hashes), the rules checked in order of size."""
     if len(ws) < 2:
         return None
     hashes = word_hashes(ws)
     ends = np.concatenate(([0], np.cumsum([len(w) for w in ws])))      # characters before word i
-    for n in TOP_NGRAMS:       # the most frequent n-gram's characters, times its count (seen once: none)
-        grams = ngram_hashes(hashes, n)
+    grams = hashes
+    for n in range(2, max(DUPLICATE_NGRAMS) + 1):
+        grams = next_ngram_hashes(grams, hashes, n)
         if not len(grams):
-            break
-        _, first, counts = np.unique(grams, return_index=True, return_counts=True)
-        top = int(np.argmax(counts))
-        i = int(first[top])
-        chars = counts[top] * (ends[i + n] - ends[i] + n - 1) if counts[top] > 1 else 0
-        if chars / size > t[f"max_top_{n}gram"]:
-            return f"max_top_{n}gram"
-    for n in DUPLICATE_NGRAMS:   # characters of the words inside an n-gram seen before, each once
-        grams = ngram_hashes(hashes, n)
-        if not len(grams):
-            break
-        repeats = np.flatnonzero(~first_seen(grams))
-        cover = np.zeros(len(ws) + 1, dtype=np.int64)
-        np.add.at(cover, repeats, 1)
-        np.add.at(cover, repeats + n, -1)
-        covered = np.cumsum(cover[:-1]) > 0
-        chars = int(np.diff(ends)[covered].sum())
-        if chars / size > t[f"max_duplicate_{n}gram"]:
-            return f"max_duplicate_{n}gram"
+            return None
+        if n in TOP_NGRAMS:    # the most frequent n-gram's characters, times its count (seen once: none)
+            _, first, counts = np.unique(grams, return_index=True, return_counts=True)
+            top = int(np.argmax(counts))
+            i = int(first[top])
+            chars = counts[top] * (ends[i + n] - ends[i] + n - 1) if counts[top] > 1 else 0
+            if chars / size > t[f"max_top_{n}gram"]:
+                return f"max_top_{n}gram"
+            if counts[top] == 1:      # no n-gram twice, so no longer one either: every later rule counts 0
+                return None
+        elif n in DUPLICATE_NGRAMS:   # characters of the words inside an n-gram seen before, each once
+            repeats = np.flatnonzero(~first_seen(grams))
+            if not len(repeats):      # as above
+                return None
+            cover = np.zeros(len(ws) + 1, dtype=np.int64)
+            np.add.at(cover, repeats, 1)
+            np.add.at(cover, repeats + n, -1)
+            covered = np.cumsum(cover[:-1]) > 0
+            chars = int(np.diff(ends)[covered].sum())
+            if chars / size > t[f"max_duplicate_{n}gram"]:
+                return f"max_duplicate_{n}gram"
     return None
 
 
@@ -163,7 +167,7 @@ class QualityFilter:
             return "max_bullet_lines"
         if sum(line.rstrip().endswith(ELLIPSES) for line in lines) / len(lines) > t["max_ellipsis_lines"]:
             return "max_ellipsis_lines"
-        if sum(1 for w in tokens if LETTER.search(w)) / len(tokens) < t["min_alpha_words"]:
+        if sum(1 for w in tokens if w.isalpha() or LETTER.search(w)) / len(tokens) < t["min_alpha_words"]:
             return "min_alpha_words"
         if sum(map(STOP_WORDS.__contains__, text.lower().split())) < t["min_stop_words"]:
             return "min_stop_words"
