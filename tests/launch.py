@@ -1,5 +1,6 @@
 """Run deepspeed_train.py from tests: through the real `deepspeed` launcher (the command line and
 environment are testkit.launcher's, shared with bench/) or in this process, on the tiny configs."""
+import glob
 import json
 import os
 import subprocess
@@ -23,23 +24,35 @@ def start(train_args, out_file, num_ranks=1):
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-# The trainer run as `python deepspeed_train.py` (one rank, no launcher), held forever just before
-# it writes the completion marker of checkpoint tag PAUSE_TAG, after printing PAUSED: the moment a
-# SIGKILL leaves that checkpoint's files without their marker, found without racing the run.
+# The trainer run as `python deepspeed_train.py` (one rank, no launcher), held forever after
+# printing PAUSED at a point of its write of checkpoint tag TAG: just before the completion marker
+# (AT "marker") or where the engine has begun its files (AT "engine"): the moment a SIGKILL leaves
+# that checkpoint unfinished, found without racing the run.
 _PAUSED_TRAINER = """
 import os, runpy, sys, time
 sys.path.insert(0, {repo!r})
 import turing.checkpointer
-from turing.checkpoint import COMPLETE_MARKER
+from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE
 write_atomic = turing.checkpointer.write_atomic
+write_engine_checkpoint = turing.checkpointer.write_engine_checkpoint
+
+def pause():
+    print("PAUSED", flush=True)
+    time.sleep(3600)
 
 def held_before_marker(path, text):
-    if path.endswith(COMPLETE_MARKER) and os.path.basename(os.path.dirname(path)) == {tag!r}:
-        print("PAUSED", flush=True)
-        time.sleep(3600)
+    if {at!r} == "marker" and path.endswith(COMPLETE_MARKER) and os.path.basename(os.path.dirname(path)) == {tag!r}:
+        pause()
     write_atomic(path, text)
 
+def held_in_engine_write(engine, path, tag, client_state):
+    if {at!r} == "engine" and tag == {tag!r}:
+        open(os.path.join(path, tag, MODEL_STATES_FILE), "wb").close()  # as torch's writer opens it
+        pause()
+    write_engine_checkpoint(engine, path, tag, client_state)
+
 turing.checkpointer.write_atomic = held_before_marker
+turing.checkpointer.write_engine_checkpoint = held_in_engine_write
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """
@@ -48,7 +61,17 @@ runpy.run_path({script!r}, run_name="__main__")
 def start_held_before_marker(train_args, out_file, tag):
     """Start the trainer on one rank, in its own process group, output to a file; it stops just
     before checkpoint `tag`'s completion marker (wait_for_line(..., "PAUSED")) until killed."""
-    code = _PAUSED_TRAINER.format(repo=REPO, tag=tag, script=os.path.join(REPO, "deepspeed_train.py"))
+    return _start_held(train_args, out_file, tag, "marker")
+
+
+def start_held_in_engine_write(train_args, out_file, tag):
+    """As start_held_before_marker, held where the engine has begun writing checkpoint `tag`'s
+    files (its model states file there, still empty)."""
+    return _start_held(train_args, out_file, tag, "engine")
+
+
+def _start_held(train_args, out_file, tag, at):
+    code = _PAUSED_TRAINER.format(repo=REPO, tag=tag, at=at, script=os.path.join(REPO, "deepspeed_train.py"))
     return subprocess.Popen([sys.executable, "-c", code, *[str(a) for a in train_args]], cwd=REPO,
                             env=launch_env(), stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -123,6 +146,20 @@ def train_losses(out, job="tiny_bert"):
 
     values, _ = read_run(os.path.join(out, "runs", job))
     return [v for _, v in values["Train/Samples/train_loss"]]
+
+
+def event_files(out, job="tiny_bert"):
+    """The TensorBoard event files under OUT/runs/JOB."""
+    return set(glob.glob(os.path.join(out, "runs", job, "**", "events.out.tfevents.*"), recursive=True))
+
+
+def new_event_losses(out, before, job="tiny_bert"):
+    """[(samples, loss)] of the training losses in the event files under OUT/runs/JOB that are not
+    in `before` (event_files of an earlier moment): what the sessions since then logged."""
+    from turing.tb_events import iter_events
+
+    return [(event.step, value.simple_value) for path in sorted(event_files(out, job) - before)
+            for event in iter_events(path) for value in event.summary.value if value.tag == "Train/Samples/train_loss"]
 
 
 def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):

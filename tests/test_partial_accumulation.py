@@ -10,11 +10,15 @@ after a SIGKILL in the first epoch and another in the second.
 """
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from testkit.synthetic import make_data_root
-from tests.launch import ds_config, launch, progress, start, tiny_argv, train_in_process, wait_for_step
+from tests.launch import (REPO, ds_config, event_files, launch, launch_env, new_event_losses, progress, start,
+                          start_held_in_engine_write, tiny_argv, train_in_process, wait_for_line, wait_for_step)
+from turing.checkpoint import WRITING_MARKER, complete_tags
 from turing.tb_events import read_run
 
 MICRO, ACCUM = 16, 2
@@ -111,3 +115,27 @@ def test_sigkill_then_auto_resume(provider, ranks, kills, odd_root, tmp_path):
     resumed = progress(again.stdout + again.stderr)
     assert resumed and resumed[-1][0] == reference[-1][0]
     assert resumed == reference[resumed[0][0] - 1:]
+
+
+def test_sigkill_in_the_first_checkpoint_write_then_auto_resume_starts_fresh(reference, odd_root, tmp_path):
+    """SIGKILLed while the engine writes the run's first checkpoint (its model states file there and
+    empty, no checkpoint complete): that folder is an unfinished write, no checkpoint, so the same
+    command with --auto_resume says so in one warning, starts fresh and trains the uninterrupted
+    run's losses to its last step (it refused: "no checkpoint there can be loaded")."""
+    out = tmp_path / "out"
+    args = tiny_argv(odd_root, out, "--print_steps", 1, "--checkpoint_every_steps", 1, "--auto_resume",
+                     ds=accum_ds(tmp_path / "cfg"))
+    log = tmp_path / "killed.log"
+    proc = start_held_in_engine_write(args, log, "step1")
+    wait_for_line(proc, log, "PAUSED")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpt = out / "saved_models" / "tiny_bert"
+    assert (ckpt / "step1" / WRITING_MARKER).is_file() and complete_tags(str(ckpt)) == []
+    before = event_files(str(out))
+    again = subprocess.run([sys.executable, os.path.join(REPO, "deepspeed_train.py"), *args], cwd=REPO,
+                           env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "step1 was being written when its run ended" in again.stdout + again.stderr
+    assert new_event_losses(str(out), before) == reference["nvidia"][1]
+    assert not (ckpt / "step1" / WRITING_MARKER).exists() and "step1" in complete_tags(str(ckpt))

@@ -10,7 +10,6 @@ step's loss is transformers' on that batch; with dropout, a run resumed from an 
 repeats the uninterrupted one bit for bit, and so does the trainer's own process SIGKILLed in its last
 checkpoint and run again with --auto_resume), exported and fine-tuned a step; what we do not compute
 is one error line. Nothing is downloaded."""
-import glob
 import json
 import os
 import signal
@@ -26,8 +25,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from testkit.launcher import REPO, launch_env, progress  # noqa: E402
-from tests.launch import (TINY_CFG, ds_config, expect_input_error, start_held_before_marker, tiny_argv,  # noqa: E402
-                          train_in_process, train_losses, wait_for_line)
+from tests.launch import (TINY_CFG, ds_config, event_files, expect_input_error, new_event_losses,  # noqa: E402
+                          start_held_before_marker, tiny_argv, train_in_process, train_losses, wait_for_line)
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from turing.batch import Batch  # noqa: E402
 from turing.checkpoint import complete_tags  # noqa: E402
@@ -39,7 +38,7 @@ from turing.modern import ModernForPreTraining  # noqa: E402
 from turing.postln import BertForPreTrainingPostLN, PostLNConfig  # noqa: E402
 from turing.pretrained import open_trained, read_weights  # noqa: E402
 from turing.speedups import CPUAttention, Dropout, FusedMaskedLMLoss  # noqa: E402
-from turing.tb_events import iter_events, read_run  # noqa: E402
+from turing.tb_events import read_run  # noqa: E402
 from turing.tokenization import load_vocab, special_token_ids  # noqa: E402
 
 try:  # only the tests that build stock folders need it (needs_transformers)
@@ -419,16 +418,6 @@ def test_resume_from_the_interval_checkpoint_is_bit_for_bit(stock_run, data_root
     job_config = json.loads((stock_run["ckpt"] / "step2" / "job_config.json").read_text())
     assert job_config["bert_model_config"]["architecture"] == ARCHITECTURE[stock_run["kind"]]  # from config.json
     assert job_config["bert_token_file"] == str(stock_run["folder"] / "vocab.txt")
-
-
-def event_files(out, job=JOB):
-    return set(glob.glob(str(out / "runs" / job / "**" / "events.out.tfevents.*"), recursive=True))
-
-
-def new_event_losses(out, before):
-    """[(samples, loss)] of the training losses in the TensorBoard files under OUT that are not in `before`."""
-    return [(event.step, value.simple_value) for path in sorted(event_files(out) - before)
-            for event in iter_events(path) for value in event.summary.value if value.tag == "Train/Samples/train_loss"]
 
 
 @needs_transformers

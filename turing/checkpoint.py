@@ -4,7 +4,10 @@ old ones are pruned, and reading their weights safely.
 A run's checkpoints live in OUT/saved_models/JOB/TAG. Tags: epoch{E}_step{S} after an epoch,
 step{S} for interval and stop checkpoints (mid-epoch, with the position inside it). A tag folder
 is complete once COMPLETE_MARKER is in it; only then does `latest` (written atomically) name it.
-Folders without markers (the original program's, DeepSpeed's own, copies) are read only when no
+Before any engine file of it is written, WRITING_MARKER goes in: a folder with that marker and
+without the complete one is this program's unfinished write (a run killed while saving), which
+is no checkpoint at all, not even where no complete one is beside it (a run killed in its first
+save starts fresh under --auto_resume). Folders without either marker (the original program's, DeepSpeed's own, copies) are read only when no
 complete checkpoint is beside them, and only once they load. One rule picks the checkpoint for
 every reader (`resume_candidates`): the trainer's resume, `--use_pretrain` of a checkpoint folder,
 tools/export_hf.py and tools/finetune_glue.py.
@@ -44,6 +47,7 @@ logger = logging.getLogger(__name__)
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"  # ZeRO stages 0-2: the whole module, model-parallel rank 0
 ZERO3_MODEL_STATES_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO stage 3: rank 0's partition
 COMPLETE_MARKER = "checkpoint_complete.json"
+WRITING_MARKER = "checkpoint_writing.json"  # in the folder before its engine files: being written
 ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # torch: every torch.load weights-only, whatever it is asked
 TRUST_FLAG = "--trust_checkpoint"  # the user trusts the files: the full unpickler
@@ -112,17 +116,33 @@ def complete_tags(path):
     return sorted(tags, key=tag_order)
 
 
+def unfinished_write(folder):
+    """Whether `folder` is this program's checkpoint write that never finished (its run died saving)."""
+    return (os.path.isfile(os.path.join(folder, WRITING_MARKER))
+            and not os.path.isfile(os.path.join(folder, COMPLETE_MARKER)))
+
+
 def engine_tags(path):
-    """Tag folders holding DeepSpeed engine files, complete or not, oldest first."""
+    """Tag folders holding DeepSpeed engine files, complete or not, oldest first; this program's
+    unfinished writes are not among them."""
     if not os.path.isdir(path):
         return []
     tags = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))]
+            and any(f.endswith(ENGINE_FILE_SUFFIX) for f in os.listdir(os.path.join(path, d)))
+            and not unfinished_write(os.path.join(path, d))]
     return sorted(tags, key=tag_order)
 
 
+def unfinished_tags(path):
+    """Tag folders of this program's checkpoint writes that never finished, oldest first."""
+    if not os.path.isdir(path):
+        return []
+    return sorted((d for d in os.listdir(path) if unfinished_write(os.path.join(path, d))), key=tag_order)
+
+
 def holds_checkpoints(path):
-    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy."""
+    """Whether `path` holds a checkpoint of any kind: ours, the original's, DeepSpeed's, a copy
+    (an unfinished write of ours is none)."""
     return bool(engine_tags(path)) or os.path.isfile(os.path.join(path, "latest"))
 
 

@@ -2,11 +2,11 @@
 not at all, restoring a run from one (also on another number of ranks), the RNG states they
 carry, and the job folder they live in (one run at a time, seen by every node).
 
-A checkpoint is OUT/saved_models/JOB/TAG (turing.checkpoint: tags, the completion marker, the
-pick rule, weights-only reading): the engine's files of every rank, with the run state and every
-rank's RNG states in the client state (tensors, numbers and strings only, so that it loads
-weights-only), then rank 0's run files (job config, resolved arguments, DeepSpeed config, the
-vocab), the completion marker and `latest`. A checkpoint is never written from non-finite
+A checkpoint is OUT/saved_models/JOB/TAG (turing.checkpoint: tags, the markers, the pick rule,
+weights-only reading): the writing marker, then the engine's files of every rank, with the run
+state and every rank's RNG states in the client state (tensors, numbers and strings only, so that
+it loads weights-only), then rank 0's run files (job config, resolved arguments, DeepSpeed config,
+the vocab), the completion marker and `latest`. A checkpoint is never written from non-finite
 weights: it would be resumed into the same state.
 """
 import dataclasses
@@ -25,9 +25,10 @@ import time
 import numpy as np
 import torch
 
-from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, check_weights_only, complete_tags, engine_tags,
-                               holds_checkpoints, none_loadable, not_loadable, prune_interval_checkpoints,
-                               resume_candidates, sync_folder, weights_only_loads, write_atomic)
+from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, WRITING_MARKER, check_weights_only, complete_tags,
+                               engine_tags, holds_checkpoints, none_loadable, not_loadable,
+                               prune_interval_checkpoints, resume_candidates, sync_folder, unfinished_tags,
+                               unfinished_write, weights_only_loads, write_atomic)
 from turing.distributed import all_ranks, all_reduce, barrier
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError, InputValueError, StopTraining
@@ -92,8 +93,9 @@ class Checkpointer:
         with self.clock.paused():
             try:
                 marker = os.path.join(folder, COMPLETE_MARKER)
-                if self.ranks.is_main and os.path.exists(marker):
-                    os.remove(marker)  # written again under the same tag: incomplete until whole again
+                if self.ranks.is_main:
+                    begin_write(folder)
+                barrier()  # the writing marker is in before any rank writes an engine file
                 write_engine_checkpoint(self.engine, cfg.saved_model_path, tag,
                                         {**state.to_client_state(), "rng_states": all_ranks(rng_states())})
                 barrier()
@@ -105,6 +107,7 @@ class Checkpointer:
                     write_atomic(marker, json.dumps({"tag": tag, "global_step": state.global_step,
                                                      "time": time.time()}))
                     write_atomic(os.path.join(cfg.saved_model_path, "latest"), tag)
+                    os.remove(os.path.join(folder, WRITING_MARKER))
             except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
                 raise checkpoint_not_written(cfg, folder, e, self.ranks) from e
             if self.ranks.is_main:
@@ -122,6 +125,11 @@ class Checkpointer:
         returns the epoch to start at."""
         cfg = cfg or self.cfg
         path, tag = resume_source(cfg)
+        unfinished = unfinished_tags(cfg.saved_model_path) if cfg.auto_resume else []
+        if unfinished:
+            logger.warning("--auto_resume: %s %s being written when its run ended (in %s): no checkpoint, passed "
+                           "over (written again when this run reaches that step)", ", ".join(unfinished),
+                           "was" if len(unfinished) == 1 else "were", cfg.saved_model_path)
         if cfg.auto_resume and path == cfg.saved_model_path:
             logger.info("--auto_resume: resuming from %s", path)
         elif cfg.auto_resume:
@@ -192,6 +200,21 @@ class Checkpointer:
             reasons.append(f"{candidate}: {why}")
             logger.warning(*not_loadable(folder, why))
         raise InputValueError(none_loadable(path, reasons))
+
+
+def begin_write(folder):
+    """Rank 0, before the engine writes the checkpoint `folder`: what an unfinished write left
+    there goes (another number of ranks may have written other files), WRITING_MARKER goes in,
+    then the complete marker of a checkpoint written again under the same tag goes out
+    (incomplete until whole again; in this order a kill in between leaves it complete)."""
+    if unfinished_write(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder, exist_ok=True)
+    write_atomic(os.path.join(folder, WRITING_MARKER), json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                                   "time": time.time()}))
+    marker = os.path.join(folder, COMPLETE_MARKER)
+    if os.path.exists(marker):
+        os.remove(marker)
 
 
 def write_engine_checkpoint(engine, path, tag, client_state):
