@@ -5,6 +5,7 @@ job folder, durable checkpoints and a full disk."""
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -242,7 +243,10 @@ def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tm
     """Ctrl-C (SIGINT to the job's process group) through scripts/run_launcher.sh, as demo.sh and the
     GPU scripts start the launcher: the rank's stop line and checkpoint, no KeyboardInterrupt
     traceback from DeepSpeed's runner after it. Started bare, the runner's traceback is DeepSpeed's
-    own (the README says so): the stop and its checkpoint are the same."""
+    own (the README says so): the stop and its checkpoint are the same. The rank gets Ctrl-C's SIGINT
+    itself and launch.py's SIGTERM (its answer to the same SIGINT) a moment later; a copy within two
+    seconds of the first is not a second stop, so the stop line names whichever the rank handled
+    first (SIGTERM first was seen once in six runs on a loaded machine)."""
     args = _long_run_args(data_root, tmp_path, True)
     log = tmp_path / "run.log"
     wrapper = ["bash", os.path.join(REPO, "scripts", "run_launcher.sh")] if wrapped else []
@@ -254,7 +258,7 @@ def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tm
     assert proc.wait(timeout=120) != 0
     _wait_gone(tree)
     text = log.read_text()
-    assert "stopped by SIGINT; checkpoint of global step" in text, text[-3000:]
+    assert re.search(r"stopped by SIG(INT|TERM); checkpoint of global step", text), text[-3000:]
     assert latest(tmp_path / "out").startswith("step")
     assert ("KeyboardInterrupt" in text) is not wrapped, text[-3000:]
 
