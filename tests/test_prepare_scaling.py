@@ -17,6 +17,7 @@ import pytest
 
 from tests.test_prepare_data import make_corpus, make_vocab
 from testkit import corpora as files
+from testkit.launcher import free_port
 from tools import prepare_data, prepare_parts
 from tools.prep import PrepareDataError, layouts, workers
 from tools.prep.layouts import open_stream
@@ -280,6 +281,21 @@ def test_a_part_that_fits_on_no_node_of_the_ray_cluster_is_refused(corpus, ray_c
     assert errors == ["error: --workers 3 --ray_mem_per_cpu_gb 2: a part needs 3 CPUs and 6.0 GB on one node; the "
                       "Ray cluster's nodes have 2 CPUs and 8.0 GB"]
     assert not os.path.exists(out / prepare_parts.MARKERS / "completions")
+
+
+@needs_ray
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_a_ray_address_where_nothing_answers_is_one_error_line(given, corpus, tmp_path, monkeypatch, capsys):
+    """ray.init retried such an address for about 15 minutes; refused at once, no marker written."""
+    address = f"127.0.0.1:{free_port()}"          # closed again: nothing listens there
+    flag = ["--ray_address", address] if given == "flag" else []
+    if given == "env":
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    assert prepare_parts.main(parts_argv(corpus, tmp_path / "o", "--executor", "ray", *flag)) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]  # beside datatrove's
+    assert line.startswith(f"error: {'--ray_address' if given == 'flag' else 'RAY_ADDRESS'} {address}: nothing "
+                           "answers there (Connection refused); start the cluster"), line
+    assert not os.path.exists(tmp_path / "o" / prepare_parts.MARKERS / "completions")
 
 
 def test_the_ray_executor_without_ray_is_one_error_line(corpus, tmp_path, monkeypatch, capsys):

@@ -19,7 +19,8 @@ with its own --workers:
   filesystem every node shares, at the same path, and so must this repository, which the workers
   import (it is put on their PYTHONPATH). A part that fits on no node is refused before any runs.
   A cluster that asks for a token (Ray's default) is reached at an address given with
-  RAY_AUTH_MODE=token and its token here (~/.ray/auth_token or RAY_AUTH_TOKEN).
+  RAY_AUTH_MODE=token and its token here (~/.ray/auth_token or RAY_AUTH_TOKEN). An address where
+  nothing answers is one error line before ray.init, which would retry it for about 15 minutes.
 
 Completion markers are datatrove's own: OUT/.prepare_parts/completions/000KK once part K's shards
 are installed, with each task's log in OUT/.prepare_parts/logs/. A part that failed or was
@@ -43,6 +44,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
@@ -178,6 +180,7 @@ def ray_cluster(address):
     if ray.is_initialized():
         yield ray
         return
+    check_answers(address)
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     niceness = os.environ.get(NICENESS)
     os.environ.setdefault(NICENESS, "0")        # read by a raylet this ray.init starts, not by a running one
@@ -197,6 +200,24 @@ def ray_cluster(address):
         yield ray
     finally:
         ray.shutdown()
+
+
+def check_answers(address, timeout=10.0):
+    """A Ray address given as HOST:PORT (--ray_address, else RAY_ADDRESS; `ray://` too) must take a
+    connection: where nothing answers, ray.init retries for about 15 minutes before it says so."""
+    given = address if address is not None else os.environ.get("RAY_ADDRESS")
+    flag = "--ray_address" if address is not None else "RAY_ADDRESS"
+    if not given or given in ("auto", "local"):
+        return
+    host, sep, port = given.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return                                    # ray.init names what is wrong with it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise PrepareDataError(f"{flag} {given}: nothing answers there ({e.strerror or e}); start the cluster "
+                               "(`ray start --head` on its head node) or give the address `ray start` printed") \
+            from None
 
 
 def check_fits(ray, executor):
