@@ -33,14 +33,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def ignore_stop_signals(*_):
-    """Start of a helper process (DataLoader `worker_init_fn`, pool initializer): ignore
-    SIGINT/SIGTERM, then take them off the blocked set `stop_signals_held` left.
+    """Start of a helper process (DataLoader `worker_init_fn`; turing.shard_prefetch's reader does
+    the same): ignore SIGINT/SIGTERM, then take them off the blocked set `stop_signals_held` left.
 
     Ctrl-C and schedulers signal the whole process group, the deepspeed launcher the whole
     process tree. The rank answers with a checkpoint at the end of its optimizer step, which
     needs its workers: a worker that died of the signal would take the rank down with it first.
     A worker still ends with its rank: the rank closes its loaders on the way out, and a
-    worker whose rank is gone exits on its own (torch's watchdog), as does the pool process.
+    worker whose rank is gone exits on its own (torch's watchdog), as does the shard reader.
     """
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)   # also drops a copy that arrived while blocked

@@ -2,14 +2,12 @@
 
 Owns: the choice of shard file per (epoch, rank), turning `masked_lm_positions`/`masked_lm_ids`
 into per-token labels, the DataLoader over a shard, and loading the next epoch's shard in a
-background process while this one trains. The format itself (keys, dtypes, the layout and
+background process while this one trains (turing.shard_prefetch). The format itself (keys, dtypes, the layout and
 value checks, reading a shard) is turing.formats'.
 """
 import logging
-import multiprocessing
 import os
 import random
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -22,6 +20,7 @@ from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import HDF5_KEYS, HDF5_SUFFIXES, check_hdf5_shard, holds_nvidia_validation, read_hdf5_shard
 from turing.job_config import job_config_of
 from turing.process import get_rank_and_world, set_seeds
+from turing.shard_prefetch import ShardPrefetch
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +127,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         random.Random(args.seed).shuffle(self.files)
         # check_shards() opens every shard this rank reads before the model is built.
         self.num_epochs = job.training.num_epochs or len(self.files)
-        self._pool = None
-        self._future = None          # (epoch, Future) of the shard being read in the background
+        self._future = None          # (epoch, ShardPrefetch) of the shard being read in the background
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
                     self.rank, self.world)
@@ -164,10 +162,11 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
     def _dataset(self, index):
         path = self.shard_path(index)
         if self._future is not None and self._future[0] == index:
-            arrays = self._future[1].result()
+            reader, self._future = self._future[1], None
+            arrays = reader.result()
         else:
+            self._cancel_prefetch()
             arrays = read_hdf5_shard(path, self.max_seq_length)
-        self._future = None
         return PretrainingHdf5Dataset(arrays, path, self.vocab_size)
 
     def _order(self, num_samples, index, rank):
@@ -191,7 +190,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
     def _remapped_shard(self, index, start_batch, plan, layout):
         """The rest of an epoch begun on `plan`: the shards every plan rank read, in one dataset,
         their micro batches dealt out over this run's ranks (remap_epoch)."""
-        self._future = None
+        self._cancel_prefetch()
         paths = [self.files[shard_file_index(index, r, plan.world, len(self.files))] for r in range(plan.world)]
         unique = list(dict.fromkeys(paths))
         arrays = [read_hdf5_shard(path, self.max_seq_length) for path in unique]
@@ -235,13 +234,16 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self._loader = None
 
     def prefetch_shard(self, index):
-        if self._pool is None:
-            # spawn, not fork: the trainer holds threads (gloo, DataLoader) that fork would copy mid-state.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=ignore_stop_signals)
-        with stop_signals_held():  # the pool's process starts at the first submit
-            self._future = (index, self._pool.submit(read_hdf5_shard, self.shard_path(index),
-                                                       self.max_seq_length))
+        """Read epoch `index`'s shard in a process of its own (turing.shard_prefetch) while this
+        epoch trains."""
+        self._cancel_prefetch()
+        with stop_signals_held():  # the reader ignores them from its start
+            self._future = (index, ShardPrefetch(self.shard_path(index), self.max_seq_length))
+
+    def _cancel_prefetch(self):
+        if self._future is not None:
+            self._future[1].cancel()
+            self._future = None
 
     def get_batch(self, batch_iter):
         return batch_iter
@@ -250,9 +252,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         pass
 
     def close(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._cancel_prefetch()
 
 
 if __name__ == "__main__":

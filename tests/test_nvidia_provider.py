@@ -1,15 +1,22 @@
 """NVIDIA hdf5 provider: labels from positions, shard choice per rank, file selection, checks."""
 import argparse
 import os
+import signal
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
+from bert_dataset_provider import stop_signals_held
 from nvidia_bert_dataset_provider import (NvidiaBertDatasetProvider, PretrainingHdf5Dataset,
                                           list_training_files, read_hdf5_shard, shard_file_index)
+from testkit.launcher import REPO
 from testkit.synthetic import make_instances, write_nvidia_shard, write_vocab
+from turing.errors import InputValueError
+from turing.shard_prefetch import ShardPrefetch
 
 
 def _shard_with(path, positions, ids, seq=8):
@@ -103,3 +110,56 @@ def test_provider_epochs_and_background_prefetch(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
     finally:
         provider.close()
+
+
+# --- the next epoch's shard, read by a process of its own (turing.shard_prefetch)
+
+def test_the_reader_process_gives_the_arrays_read_here(tmp_path):
+    """Every array, dtype and shape as read_hdf5_shard gives them in this process, and writable
+    (the pipe's bytes land in arrays of their own)."""
+    vocab = write_vocab(tmp_path / "vocab.txt")
+    path = str(tmp_path / "s_training_shard0.hdf5")
+    write_nvidia_shard(path, make_instances(37, 32, seed=3), vocab, 32)
+    here = read_hdf5_shard(path, 32)
+    there = ShardPrefetch(path, 32).result()
+    assert list(there) == list(here)
+    for key in here:
+        assert there[key].dtype == here[key].dtype and np.array_equal(there[key], here[key]), key
+        assert there[key].flags.writeable and there[key].flags.c_contiguous
+
+
+def test_a_shard_the_reader_refuses_is_the_error_of_this_process(tmp_path):
+    positions = np.array([[1, 3, 0, 0], [2, 9, 0, 0]])        # 9 is outside the 8 tokens of a row
+    path = str(_shard_with(tmp_path / "bad_training.hdf5", positions, positions + 10))
+    with pytest.raises(InputValueError) as here:
+        read_hdf5_shard(path, 8)
+    with pytest.raises(InputValueError) as there:
+        ShardPrefetch(path, 8).result()
+    assert str(there.value) == str(here.value) and path in str(here.value)
+    with pytest.raises(InputValueError, match="sequences of length 8, but --max_seq_length is 16"):
+        ShardPrefetch(path, 16).result()
+
+
+def test_the_reader_imports_neither_torch_nor_deepspeed():
+    """What keeps it cheap: 0.2 s and a few MB, where a process that imported the trainer's
+    modules took 2-3 s and about 400 MB a rank for the whole run."""
+    code = "import sys, turing.shard_prefetch; print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_reader_ignores_stop_signals_and_is_ended_by_cancel(tmp_path):
+    """Ctrl-C reaches the whole process group; the rank answers it and ends the reader (cancel)."""
+    vocab = write_vocab(tmp_path / "vocab.txt")
+    path = str(tmp_path / "s_training_shard0.hdf5")
+    write_nvidia_shard(path, make_instances(16, 32, seed=1), vocab, 32)
+    with stop_signals_held():
+        reader = ShardPrefetch(path, 32)
+    reader.process.stdout.peek(1)              # it has read the shard and is writing it
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        reader.process.send_signal(sig)
+    assert reader.result()["input_ids"].shape == (16, 32)
+    with stop_signals_held():
+        reader = ShardPrefetch(path, 32)
+    reader.cancel()
+    assert reader.process.returncode is not None and reader.process.stdout.closed
