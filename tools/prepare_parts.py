@@ -175,12 +175,12 @@ def ray_cluster(address):
     caller connected already (ray.is_initialized()) is used as it is and left connected. A local
     cluster started here runs its workers at the usual priority, as the local executor's parts run
     (Ray's own default, niceness 15, lets any other work on the machine starve them)."""
+    check_answers(address)
     import ray
 
     if ray.is_initialized():
         yield ray
         return
-    check_answers(address)
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     niceness = os.environ.get(NICENESS)
     os.environ.setdefault(NICENESS, "0")        # read by a raylet this ray.init starts, not by a running one
