@@ -19,7 +19,7 @@ import deepspeed_train
 import turing.checkpointer
 from tests.launch import TINY_CFG, TINY_DS, start, tiny_args, train_in_process, wait_for_step
 from testkit.launcher import REPO, launch_env, train_cmd
-from turing.checkpoint import COMPLETE_MARKER, complete_tags, resume_candidates
+from turing.checkpoint import COMPLETE_MARKER, WRITING_MARKER, complete_tags, resume_candidates
 from turing.errors import InputError
 from turing.run_config import RunState
 from turing.tb_events import read_run
@@ -397,6 +397,32 @@ def test_full_disk_during_a_checkpoint_on_a_small_tmpfs(three_steps, data_root, 
         _check_disk_full_outcome(mount / "out", capsys.readouterr().err)
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_peer_lost_while_the_ranks_write_a_checkpoint_is_a_lost_peer(data_root, tmp_path, capsys, monkeypatch):
+    """A collective inside the checkpoint write that fails as a dead or silent peer's does (here
+    the barrier after the writing marker, on the second checkpoint) ends the run as any lost peer
+    does: exit 5, "lost the other ranks", not exit 4's "could not be written ... Free some space".
+    What it left is an unfinished write: the same command with --auto_resume resumes from step1."""
+    real_barrier = turing.checkpointer.barrier
+    step2 = os.path.join(ckpt_dir(tmp_path), "step2")
+
+    def barrier():
+        if os.path.isfile(os.path.join(step2, WRITING_MARKER)):      # step2's, after its marker
+            raise torch.distributed.DistError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out "
+                                              "waiting 10000ms for recv operation to complete")
+        return real_barrier()
+    monkeypatch.setattr(turing.checkpointer, "barrier", barrier)
+    assert exit_code(data_root, tmp_path, TINY_DS, "--checkpoint_every_steps", 1, "--max_steps", 3) == 5
+    err = capsys.readouterr().err
+    assert "error: rank 0: lost the other ranks (DistError: [../third_party/gloo" in err, err[-3000:]
+    assert "could not be written" not in err
+    assert latest(tmp_path) == "step1" and complete_tags(ckpt_dir(tmp_path)) == ["step1"]
+    monkeypatch.setattr(turing.checkpointer, "barrier", real_barrier)
+    assert exit_code(data_root, tmp_path, TINY_DS, "--checkpoint_every_steps", 1, "--max_steps", 2,
+                     "--auto_resume") == 0
+    assert "step2 was being written when its run ended" in capsys.readouterr().err
+    assert complete_tags(ckpt_dir(tmp_path)) == ["step1", "step2", "step3"]
 
 
 def test_full_disk_during_a_checkpoint(data_root, tmp_path, capsys, monkeypatch):

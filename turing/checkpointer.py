@@ -29,7 +29,7 @@ from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, WRITING_MARKE
                                engine_tags, holds_checkpoints, none_loadable, not_loadable,
                                prune_interval_checkpoints, resume_candidates, sync_folder, unfinished_tags,
                                unfinished_write, weights_only_loads, write_atomic)
-from turing.distributed import all_ranks, all_reduce, barrier
+from turing.distributed import all_ranks, all_reduce, barrier, is_collective_failure
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError, InputValueError, StopTraining
 from turing.process import set_seeds
@@ -82,7 +82,9 @@ class Checkpointer:
 
         Non-finite parameters on any rank end the run (StopTraining, exit 3) without writing. A
         write that fails (a full disk) ends it with CheckpointNotWritten: the half-written folder
-        is removed, the previous checkpoints and `latest` are untouched."""
+        is removed, the previous checkpoints and `latest` are untouched. A peer lost while the
+        ranks write (a collective that fails as a dead or silent peer's does) is no write failure:
+        it ends the run as any lost peer does, the folder left an unfinished write."""
         cfg = self.cfg
         self.before_write()
         if not parameters_finite(self.engine):
@@ -109,6 +111,8 @@ class Checkpointer:
                     write_atomic(os.path.join(cfg.saved_model_path, "latest"), tag)
                     os.remove(os.path.join(folder, WRITING_MARKER))
             except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as a RuntimeError
+                if is_collective_failure(e):
+                    raise     # a peer lost while the ranks wrote: the program's "lost the other ranks"
                 raise checkpoint_not_written(cfg, folder, e, self.ranks) from e
             if self.ranks.is_main:
                 prune_interval_checkpoints(cfg.saved_model_path, cfg.keep_last_checkpoints, keep=tag)
