@@ -35,8 +35,10 @@ def launch_env():
     return env
 
 
-def train_cmd(train_args, num_ranks=1):
-    return launcher_cmd(num_ranks) + [os.path.join(REPO, "deepspeed_train.py")] + [str(a) for a in train_args]
+def train_cmd(train_args, num_ranks=1, script=None):
+    """The launcher's command line for deepspeed_train.py (or `script` in its place)."""
+    script = script or os.path.join(REPO, "deepspeed_train.py")
+    return launcher_cmd(num_ranks) + [script] + [str(a) for a in train_args]
 
 
 def progress(output):

@@ -24,57 +24,31 @@ def start(train_args, out_file, num_ranks=1):
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-# The trainer run as `python deepspeed_train.py` (one rank, no launcher), held forever after
-# printing PAUSED at a point of its write of checkpoint tag TAG: just before the completion marker
-# (AT "marker") or where the engine has begun its files (AT "engine"): the moment a SIGKILL leaves
-# that checkpoint unfinished, found without racing the run.
-_PAUSED_TRAINER = """
-import os, runpy, sys, time
-sys.path.insert(0, {repo!r})
-import turing.checkpointer
-from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE
-write_atomic = turing.checkpointer.write_atomic
-write_engine_checkpoint = turing.checkpointer.write_engine_checkpoint
+HELD_TRAINER = os.path.join(REPO, "tests", "held_trainer.py")
 
-def pause():
-    print("PAUSED", flush=True)
-    time.sleep(3600)
 
-def held_before_marker(path, text):
-    if {at!r} == "marker" and path.endswith(COMPLETE_MARKER) and os.path.basename(os.path.dirname(path)) == {tag!r}:
-        pause()
-    write_atomic(path, text)
-
-def held_in_engine_write(engine, path, tag, client_state):
-    if {at!r} == "engine" and tag == {tag!r}:
-        open(os.path.join(path, tag, MODEL_STATES_FILE), "wb").close()  # as torch's writer opens it
-        pause()
-    write_engine_checkpoint(engine, path, tag, client_state)
-
-turing.checkpointer.write_atomic = held_before_marker
-turing.checkpointer.write_engine_checkpoint = held_in_engine_write
-sys.argv = [{script!r}, *sys.argv[1:]]
-runpy.run_path({script!r}, run_name="__main__")
-"""
+def start_held(train_args, out_file, tag, at, num_ranks=None):
+    """Start the trainer in its own process group, output to a file, held at point `at` ("engine" or
+    "marker": tests/held_trainer.py) of its write of checkpoint `tag` until killed (wait_for_line(...,
+    "PAUSED")); as `python deepspeed_train.py` (one rank, no launcher) or, given `num_ranks`, under
+    the launcher."""
+    env = {**launch_env(), "HELD_TAG": tag, "HELD_AT": at}
+    args = [str(a) for a in train_args]
+    cmd = [sys.executable, HELD_TRAINER, *args] if num_ranks is None else \
+        train_cmd(args, num_ranks, script=HELD_TRAINER)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def start_held_before_marker(train_args, out_file, tag):
-    """Start the trainer on one rank, in its own process group, output to a file; it stops just
-    before checkpoint `tag`'s completion marker (wait_for_line(..., "PAUSED")) until killed."""
-    return _start_held(train_args, out_file, tag, "marker")
+    """start_held one rank, just before checkpoint `tag`'s completion marker."""
+    return start_held(train_args, out_file, tag, "marker")
 
 
 def start_held_in_engine_write(train_args, out_file, tag):
-    """As start_held_before_marker, held where the engine has begun writing checkpoint `tag`'s
-    files (its model states file there, still empty)."""
-    return _start_held(train_args, out_file, tag, "engine")
-
-
-def _start_held(train_args, out_file, tag, at):
-    code = _PAUSED_TRAINER.format(repo=REPO, tag=tag, at=at, script=os.path.join(REPO, "deepspeed_train.py"))
-    return subprocess.Popen([sys.executable, "-c", code, *[str(a) for a in train_args]], cwd=REPO,
-                            env=launch_env(), stdout=open(out_file, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    """start_held one rank, where the engine has begun writing checkpoint `tag`'s files (its
+    model states file there, still empty)."""
+    return start_held(train_args, out_file, tag, "engine")
 
 
 def wait_for_line(proc, out_file, text, timeout=300):

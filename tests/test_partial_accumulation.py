@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from testkit.synthetic import make_data_root
-from tests.launch import (REPO, ds_config, event_files, launch, launch_env, new_event_losses, progress, start,
-                          start_held_in_engine_write, tiny_argv, train_in_process, wait_for_line, wait_for_step)
+from tests.launch import (REPO, ds_config, event_files, launch, launch_env, new_event_losses, progress, start_held,
+                          start_held_in_engine_write, tiny_argv, train_in_process, wait_for_line)
 from turing.checkpoint import WRITING_MARKER, complete_tags
 from turing.tb_events import read_run
 
@@ -86,35 +86,41 @@ def test_resume_from_any_checkpoint_reproduces_the_run(provider, reference, odd_
         assert epoch_tags(out)[-1] == epoch_tags(ref_out)[-1]
 
 
-@pytest.mark.parametrize("provider, ranks, kills", [("nvidia", 2, (1, 3)), ("bing", 2, (1, 3)), ("nvidia", 1, (1, 4))])
-def test_sigkill_then_auto_resume(provider, ranks, kills, odd_root, tmp_path):
-    """Killed in epoch 1 (after step 1) and, resumed by the same command, again in epoch 2 (after
-    the second kill's step); the third start finishes the run. Two ranks, NVIDIA: the ranks' shards
-    have 5 and 7 micro batches, both run 4 (two whole steps) in each epoch; Bing: one step per
-    dataset and epoch on each rank. One rank, NVIDIA: the epochs have 5 and 7 micro batches (2 and 3
-    steps, in the order of the shards), so step 4 is in epoch 2 either way. Every step any session
-    logged is the uninterrupted run's, and the run ends at its step."""
+@pytest.mark.parametrize("provider, ranks", [("nvidia", 2), ("bing", 2), ("nvidia", 1)])
+def test_sigkill_then_auto_resume(provider, ranks, odd_root, tmp_path):
+    """SIGKILLed in epoch 1 while writing step 1's checkpoint (its engine files begun: no checkpoint,
+    so the next start begins afresh) and, started again by the same command, while writing the
+    last step's checkpoint at the end of epoch 2 (every file written, its completion marker not:
+    the next start resumes from the step before, inside epoch 2); the third start trains the last
+    step. The trainer is held at those points until killed (tests/held_trainer.py): a kill timed by
+    the log landed a step later, after the run's last step on a fast machine. Two ranks, NVIDIA: the
+    ranks' shards have 5 and 7 micro batches, both run 4 (two whole steps) in each epoch; Bing: one
+    step per dataset and epoch on each rank. One rank, NVIDIA: the epochs have 5 and 7 micro batches
+    (2 and 3 steps, in the order of the shards), so step 4 is inside epoch 2 either way. Every step
+    any session logged is the uninterrupted run's, and the run ends at its step."""
     ds = accum_ds(tmp_path / "cfg")
     nvidia = provider == "nvidia"
     ref = launch(tiny_argv(odd_root, tmp_path / "ref", "--print_steps", 1, ds=ds, nvidia=nvidia), num_ranks=ranks)
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = progress(ref.stdout + ref.stderr)
-    assert [row[0] for row in reference] == list(range(1, {1: 6, 2: 5}[ranks]))
+    last = {1: 5, 2: 4}[ranks]
+    assert [row[0] for row in reference] == list(range(1, last + 1))
     args = tiny_argv(odd_root, tmp_path / "out", "--print_steps", 1, "--checkpoint_every_steps", 1, "--auto_resume",
                      ds=ds, nvidia=nvidia)
-    for session, kill_after in enumerate(kills):
+    for session, (tag, at) in enumerate([("step1", "engine"), (f"epoch2_step{last}", "marker")]):
         log = tmp_path / f"killed{session}.log"
-        proc = start(args, log, num_ranks=ranks)
-        wait_for_step(proc, log, kill_after)
+        proc = start_held(args, log, tag, at, num_ranks=ranks)
+        wait_for_line(proc, log, "PAUSED")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        logged = [row for row in progress(log.read_text()) if row[0] <= kill_after]
-        assert logged and logged == reference[logged[0][0] - 1:kill_after], log.read_text()[-3000:]
+        logged = progress(log.read_text())
+        assert logged == reference[:step_of(tag)], log.read_text()[-3000:]    # each began at step 1
+    ckpt = tmp_path / "out" / "saved_models" / "tiny_bert"
+    assert complete_tags(str(ckpt))[-1] == f"step{last - 1}"
     again = launch(args, num_ranks=ranks)
     assert again.returncode == 0, again.stderr[-3000:]
-    resumed = progress(again.stdout + again.stderr)
-    assert resumed and resumed[-1][0] == reference[-1][0]
-    assert resumed == reference[resumed[0][0] - 1:]
+    assert progress(again.stdout + again.stderr) == reference[last - 1:], (again.stdout + again.stderr)[-3000:]
+    assert complete_tags(str(ckpt))[-1] == f"epoch2_step{last}"
 
 
 def test_sigkill_in_the_first_checkpoint_write_then_auto_resume_starts_fresh(reference, odd_root, tmp_path):
