@@ -4,11 +4,16 @@ the same shards with every stage off or removing nothing, and a resume after SIG
 import json
 import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from testkit import corpora as files
+from testkit.launcher import REPO
 from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
 from tools.prep import neardup
@@ -16,6 +21,7 @@ from tools.prep.documents import CorpusReader
 from tools.prep.journal import WORK_DIR, run_fingerprint
 from tools.prep.layouts import ReadOptions, find_sources
 from tools.prep.quality import QualityFilter, parse_thresholds
+from tools.prep.reader import PROCESS_NAME
 from tools.prep.summary import Summary
 
 GERMAN = ("Die Stadt liegt am Ufer des Flusses und wurde im Mittelalter gegründet. Im Jahr 1850 wurde die erste "
@@ -349,3 +355,98 @@ def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
         assert sum(stats["filters"][stage]["removed"].values()) > 0, stage
     assert json.loads((out / "stats.json").read_text())["filters"] == stats["filters"]
     assert not (out / WORK_DIR).exists()
+
+
+# --- stage workers: the decisions of the stages that read the text, beside the reader
+
+READER_NAME = PROCESS_NAME.decode()
+
+
+def every_text_stage(tmp_path, docs):
+    evaluation = tmp_path / "eval.txt"
+    evaluation.write_text("\n".join(" ".join(doc[1][0].split()[:14]) for doc in docs[5:60:11]) + "\n")
+    return ["--chunk_size_mb", "0.004", "--validation_fraction", 0.1, "--decontaminate", evaluation,
+            "--decontaminate_action", "cut", "--languages", "en", "--quality_filter", "--quality_threshold",
+            "min_words=100"]
+
+
+@pytest.fixture(scope="module")
+def staged_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("staged")
+    docs = english(120, seed=13)
+    rng = random.Random(2)
+    docs += [near_copy(docs[i], rng) for i in range(0, 120, 15)] + [("Stadt", [GERMAN])] * 2
+    rng.shuffle(docs)
+    return root, files.write_jsonl(str(root / "docs.jsonl"), docs), make_vocab(root / "vocab.txt", docs, GERMAN.lower()), \
+        every_text_stage(root, docs)
+
+
+def test_stage_workers_decide_what_the_reader_decides(staged_corpus, tmp_path):
+    """Every output file the same, byte for byte, whoever made the decisions: the shards, the record
+    of the split, stats.json's counts and --keep_filtered's files (every rule of every stage removed
+    or cut something here)."""
+    _, path, vocab, flags = staged_corpus
+    outs = {}
+    for processes in (0, 1, 3):
+        out = outs[processes] = tmp_path / f"w{processes}"
+        stats = run(path, vocab, out, *flags, "--stage_workers", processes, "--workers", 2, "--prefix", "o",
+                    "--keep_filtered", out / "kept")
+        assert all(sum(stats["filters"][s]["removed"].values()) > 0 for s in ("decontaminate", "language", "quality"))
+    for processes in (1, 3):
+        assert shard_bytes(outs[processes]) == shard_bytes(outs[0]) and shard_bytes(outs[0])
+        for name in ("documents.json", "heldout.jsonl", "train_document_keys.npy"):
+            assert (outs[processes] / name).read_bytes() == (outs[0] / name).read_bytes(), name
+        for stage in ("near_dedup", "decontaminate", "language", "quality"):
+            assert (outs[processes] / "kept" / f"{stage}.jsonl").read_bytes() == \
+                (outs[0] / "kept" / f"{stage}.jsonl").read_bytes(), stage
+        counts = [json.loads((outs[p] / "stats.json").read_text())["filters"] for p in (processes, 0)]
+        assert counts[0] == counts[1]
+
+
+def test_a_stage_worker_that_dies_is_one_error_line_and_the_run_continues_after(staged_corpus, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """A stage worker killed (the out-of-memory killer) while it decides: one error line, no wait for
+    ever (a process pool would wait on the lost task); the same command then finishes the run."""
+    from tools.prep.stages import DocumentStages
+
+    _, path, vocab, flags = staged_corpus
+    out = tmp_path / "o"
+    argv = argv_of(path, vocab, out, *flags, "--stage_workers", 2)
+    real = DocumentStages.decide
+    monkeypatch.setattr(DocumentStages, "decide", lambda self, name, number, document: os._exit(9) if number >= 60
+                        else real(self, name, number, document))      # the forked stage workers inherit it
+    assert prepare_data.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "a stage worker process ended while deciding" in lines[0], lines
+    monkeypatch.setattr(DocumentStages, "decide", real)
+    assert prepare_data.main(argv) == 0
+    fresh = tmp_path / "fresh"
+    run(path, vocab, fresh, *flags, "--stage_workers", 0, "--prefix", "o")
+    assert shard_bytes(out) == shard_bytes(fresh)
+
+
+def test_a_sigkilled_run_takes_its_stage_workers_along(staged_corpus, tmp_path):
+    """SIGKILL of the main process: the reader ends with it and the stage workers with the reader;
+    none is left."""
+    _, path, vocab, flags = staged_corpus
+    out = tmp_path / "o"
+    argv = argv_of(path, vocab, out, *flags, "--stage_workers", 2, "--chunk_size_mb", "0.001")
+    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *argv], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, tree = time.time() + 120, []
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        reader = [p for p in tree if p.name() == READER_NAME]
+        if reader and len(reader[0].children()) >= 2:           # its two stage workers
+            break
+        time.sleep(0.01)
+    assert reader and len(reader[0].children()) >= 2, "no stage workers seen"
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(tree, timeout=60)
+    for process in alive:
+        process.kill()
+    assert alive == [], "processes outlived the SIGKILLed main process"

@@ -17,7 +17,8 @@ one document) is cut into pieces of that size, with a warning and counts. Exact 
 same text up to case and whitespace) are read once; documents under --min_document_words are
 dropped; both are counted in OUT/stats.json.
 
-Document stages (tools/prep/stages.py), in the main process, in this order, each counted by rule in
+Document stages (tools/prep/stages.py), in the reader process (the ones that read the text decided
+by --stage_workers processes beside it), in this order, each counted by rule in
 stats.json's `filters` and the summary; --keep_filtered DIR writes what each removed (STAGE.jsonl):
 near duplicates (on; --no_near_dedup turns it off: MinHash LSH over 5-word shingles, 14 bands of 8,
 after a signature pass over the whole input, journalled like the chunks), --decontaminate FILE...
@@ -103,7 +104,7 @@ from tools.prep.language import LanguageFilter
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
 from tools.prep.neardup import BANDS, ROWS, NearDuplicateFilter, SignaturePass
 from tools.prep.quality import QualityFilter, parse_thresholds
-from tools.prep.reader import ChunkReader
+from tools.prep.reader import ChunkReader, StageWorkers
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
 from tools.prep.stages import DocumentStages
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
@@ -214,6 +215,10 @@ def build_parser():
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes, each a core's work (beside them a reader process reads the input, "
                         "and the main process writes what the workers made)")
+    p.add_argument("--stage_workers", type=int, default=None,
+                   help="processes beside the reader that run the document stages that read the text "
+                        "(--decontaminate, --languages, --quality_filter; default: as many as --workers); 0 runs "
+                        "them in the reader process, which then bounds the run at a few MB/s")
     p.add_argument("--chunk_size_mb", type=float, default=0.25,
                    help="text per unit of work; random next sentences come from the same chunk")
     p.add_argument("--prefix", default=None,
@@ -242,6 +247,8 @@ def validate_args(args):
     for flag in ("dupe_factor", "num_shards", "workers"):
         if getattr(args, flag) < 1:
             raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if args.stage_workers is not None and args.stage_workers < 0:
+        raise PrepareDataError(f"--stage_workers {args.stage_workers}: must be at least 0")
     if args.chunk_size_mb <= 0:
         raise PrepareDataError(f"--chunk_size_mb {args.chunk_size_mb}: must be positive")
     if (args.vocab_file is None) == (args.build_vocab is None):
@@ -483,13 +490,19 @@ def read_chunks(args, sources, options, chunk_bytes, tmp, stages):
     """The reader process's work (tools/prep/reader.py): the documents read, kept (the document
     `stages` too) and dealt into chunks (yields iter_chunks' tuples), the split recorded in `tmp`
     as they are dealt; returns the reading's counts for stats.json and the warnings about the input."""
+    processes = args.workers if args.stage_workers is None else args.stage_workers
+    # started first: forked before any thread of the reading (a .bz2 dump's decompression)
+    stage_workers = StageWorkers(stages, processes) if processes and stages.reads_text() else None
     documents = CorpusReader(sources, options, max_document_bytes=chunk_bytes)
     keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
     record = SplitRecord(tmp, args.part if args.num_parts > 1 else None)
     try:
-        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record, stages or None)
+        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record, stages or None,
+                               stage_workers)
         record.finish(args, keep.read + keep.other_parts)
     finally:
+        if stage_workers is not None:
+            stage_workers.close()
         record.close()
         stages.close()       # its --keep_filtered files complete, for the main process to install
     counts = read_counts(documents, keep)

@@ -133,7 +133,6 @@ class Decontaminator:
         if not spans:
             return document, None
         rule = f"ngram_{self.ngram}"
-        self.counts[rule] += 1
         if self.action == "drop":
             return None, Removal(rule, text)
         return self._cut(document, text, found, spans, rule)

@@ -59,7 +59,8 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None,
+                stage_workers=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
@@ -67,29 +68,23 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=N
     (a DocumentFilter) decides which documents are kept; `record(set name, document number,
     key, document)` (a SplitRecord) is told where each kept one goes. `stages` (a DocumentStages:
     near duplicates, decontamination, language, quality) see each document `keep` kept, and may drop
-    or cut it, before it is recorded.
+    or cut it, before it is recorded; with `stage_workers` (a StageWorkers of those stages) their
+    decisions are made in its processes, the same ones.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
-    index = 0
-    for doc, nbytes in documents:
+    dealt = _dealt(documents, validation_fraction, keep)
+    if stage_workers is not None:
+        dealt = stage_workers.staged(dealt)
+    elif stages is not None:
+        dealt = ((name, number, key, doc if doc is None else stages(name, number, doc), nbytes)
+                 for name, number, key, doc, nbytes in dealt)
+    for name, number, key, doc, nbytes in dealt:
         consumed += nbytes
-        if not doc:
+        if doc is None:
             continue
-        # the split counts every document read, kept or not: a duplicate left out, or another
-        # part's document, moves no other document between the sets (and the probe suite's
-        # held-out documents, split by the same rule, stay the validation set's)
-        name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
-        index += 1
-        key = document_key(doc)
-        if keep is not None and not keep(key):
-            continue
-        if stages is not None:
-            doc = stages(name, index - 1, doc)
-            if doc is None:
-                continue
         if record is not None:
-            record(name, index - 1, key, doc)
+            record(name, number, key, doc)
         entry = pending[name]
         entry[0].append(doc)
         entry[1] += document_size(doc)
@@ -101,6 +96,23 @@ def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=N
         if docs:
             yield name, chunk_index, docs, consumed
             consumed = 0
+
+
+def _dealt(documents, validation_fraction, keep):
+    """(set name, document number, key, document, input bytes) of each document read, in order;
+    the document None where none is kept (an empty one, a duplicate, another part's)."""
+    index = 0
+    for doc, nbytes in documents:
+        if not doc:
+            yield None, None, None, None, nbytes
+            continue
+        # the split counts every document read, kept or not: a duplicate left out, or another
+        # part's document, moves no other document between the sets (and the probe suite's
+        # held-out documents, split by the same rule, stay the validation set's)
+        name = VALIDATION if is_validation_document(index, validation_fraction) else TRAIN
+        index += 1
+        key = document_key(doc)
+        yield name, index - 1, key, doc if keep is None or keep(key) else None, nbytes
 
 
 class SplitRecord:

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 WORK_DIR = ".prepare_data.work"       # OUT/WORK_DIR[.partKofN]: finished chunks, kept until the run ends
 
 
-# The flags whose values the shards depend on (--workers, --overwrite and --debug change nothing).
+# The flags whose values the shards depend on (--workers, --stage_workers, --overwrite and --debug change nothing).
 OUTPUT_FLAGS = ("input_format", "text_field", "hf_split", "hf_config", "skip_bad_records", "format", "bing_layout",
                 "build_vocab", "vocab_sample_mb", "do_lower_case", "max_seq_length", "max_predictions_per_seq",
                 "masked_lm_prob", "validation_masked_lm_prob", "short_seq_prob", "dupe_factor", "num_shards",

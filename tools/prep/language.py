@@ -48,6 +48,4 @@ class LanguageFilter:
         language = self.identifier.classify(text[:LANGUAGE_CHARS])[0]
         if language in self.languages:
             return document, None
-        rule = f"language_{language}"
-        self.counts[rule] = self.counts.get(rule, 0) + 1
-        return None, Removal(rule, text)
+        return None, Removal(f"language_{language}", text)

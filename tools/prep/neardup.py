@@ -192,5 +192,4 @@ class NearDuplicateFilter:
         i = int(np.searchsorted(self.removed, number))
         if i == len(self.removed) or self.removed[i] != number:
             return document, None
-        self.counts["near_duplicate"] += 1
         return None, Removal("near_duplicate", document_text(document))

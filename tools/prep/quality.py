@@ -138,7 +138,6 @@ class QualityFilter:
         rule = self.failed_rule(text)
         if rule is None:
             return document, None
-        self.counts[rule] = self.counts.get(rule, 0) + 1
         return None, Removal(rule, text)
 
     def failed_rule(self, text):

@@ -1,17 +1,25 @@
-"""The document stages a run turns on (near duplicates, decontamination, language, quality), run in
-the main process on each document the exact-duplicate filter kept, in input order: what each
-removed and why (stats.json's `filters`), and with --keep_filtered DIR the removed documents
-themselves, one jsonl file a stage (and a part, with --num_parts), for a person to read.
+"""The document stages a run turns on (near duplicates, decontamination, language, quality), run on
+each document the exact-duplicate filter kept, in input order: what each removed and why
+(stats.json's `filters`), and with --keep_filtered DIR the removed documents themselves, one jsonl
+file a stage (and a part, with --num_parts), for a person to read.
 
 A stage is a callable `stage(set name, document number, document, text) -> (document, removal)`,
 `text` the document as the workers will read it (document_text: a MediaWiki page without its
 markup, reduced here once for all the stages that look at text, `needs_text`): the document kept
 as it was, or cut (a shorter document), or None when dropped; `removal` is None for a document
-left whole, else Removal(rule, text removed). Each stage has a `name` and `counts` (rule ->
-documents dropped, or cut). No stage sees another part's documents (--num_parts) or an exact
-duplicate the exact filter left out, so with every stage off the pipeline is the one without them.
-Near duplicates come first (their pass saw every document): a group whose first document a later
-stage drops loses the others too, as they would mostly fail it as well."""
+left whole, else Removal(rule, text removed). A stage decides and changes nothing; each has a
+`name`, and `counts` (rule -> documents dropped, or cut) that DocumentStages keeps. No stage sees
+another part's documents (--num_parts) or an exact duplicate the exact filter left out, so with
+every stage off the pipeline is the one without them. Near duplicates come first (their pass saw
+every document): a group whose first document a later stage drops loses the others too, as they
+would mostly fail it as well.
+
+Where they run: in the reader process (tools/prep/reader.py), which deals the documents into
+chunks in input order; the decisions of the stages that read the text (decontamination, language,
+quality: a few MB/s of text a core) are made by --stage_workers processes beside it, a few
+batches ahead, and taken back in input order, so that the reader does not bound a run on many
+cores. Who decides changes nothing: the counts, the files and the documents kept are the same.
+"""
 import json
 import os
 from typing import NamedTuple
@@ -44,6 +52,7 @@ class DocumentStages:
         self.keep_filtered = keep_filtered
         self.suffix = f".part{part:03d}.jsonl" if part is not None else ".jsonl"   # parts share DIR
         self._files = {}
+        self._by_name = {stage.name: stage for stage in self.stages}
         if keep_filtered is not None:
             os.makedirs(keep_filtered, exist_ok=True)
 
@@ -51,18 +60,37 @@ class DocumentStages:
         return bool(self.stages)
 
     def __call__(self, set_name, number, document):
-        text = None
+        """The document as the stages leave it (None: dropped), counted and written."""
+        return self.apply(set_name, number, self.decide(set_name, number, document))
+
+    def decide(self, set_name, number, document):
+        """(the document as the stages leave it or None, [(stage name, Removal, cut)]): what the
+        stages do to it, changing nothing (a stage worker's part)."""
+        text, removals = None, []
         for stage in self.stages:
             if text is None and stage.needs_text:
                 text = document_text(document)
             kept, removal = stage(set_name, number, document, text)
             if removal is not None:
-                self._write(stage.name, set_name, number, removal, cut=kept is not None)
+                removals.append((stage.name, removal, kept is not None))
             if kept is None:
-                return None
+                return None, removals
             if kept is not document:      # cut: the later stages look at what is left
                 document, text = kept, None
+        return document, removals
+
+    def apply(self, set_name, number, decided):
+        """Count and write (--keep_filtered) what `decide` found; returns the document kept."""
+        document, removals = decided
+        for stage_name, removal, cut in removals:
+            counts = self._by_name[stage_name].counts
+            counts[removal.rule] = counts.get(removal.rule, 0) + 1
+            self._write(stage_name, set_name, number, removal, cut)
         return document
+
+    def reads_text(self):
+        """Whether a stage reads the documents' text (the ones worth stage workers)."""
+        return any(stage.needs_text for stage in self.stages)
 
     def counts(self):
         """stats.json's `filters`: per stage, the documents each rule removed (or cut), and the
