@@ -23,7 +23,9 @@ folder, one-sentence-per-line text, one-document-per-line text). Then:
 4. `--scaling`: per layout, `--filter_sets` and `--formats`, the same run at each `--workers`
    count one after the other: the speed-up over the first count (wall clock: run it on a quiet
    machine), MB of text per CPU second of all the run's processes (MB/s per core) and where the
-   CPU went (main process, reader process, workers); a markdown table on stdout.
+   CPU went (main process, reader process, workers, and of those the reader's stage workers); a
+   markdown table on stdout. `--pin` runs each run on its first N cores for `--workers N` (the
+   speed-up per core: everything the run does on those cores).
 5. `--long_document_mb N`: the corpus with one more document of N MB of text first (a book, or a
    corpus without document breaks, in one record), per layout at the largest `--workers`: the
    peak RSS of the largest process, which the cut at --chunk_size_mb keeps bounded.
@@ -68,7 +70,9 @@ READER_NAME = PROCESS_NAME.decode()
 # duplicates removed).
 FILTER_SETS = {"exact_dedup": ["--no_near_dedup"], "no_filter": ["--keep_duplicates", "--no_near_dedup"],
                "min_words": ["--min_document_words", "50", "--no_near_dedup"], "near_dedup": [],
-               "quality": ["--no_near_dedup", "--quality_filter"]}
+               "quality": ["--no_near_dedup", "--quality_filter"],
+               # the same, its rules run in the reader process (as before --stage_workers): the baseline
+               "quality_in_reader": ["--no_near_dedup", "--quality_filter", "--stage_workers", "0"]}
 
 
 # the most frequent words first: with them the text passes Gopher's stop-word rule (two of "the", "be",
@@ -147,19 +151,22 @@ def prepare_cmd(path, layout, out, vocab, workers, fmt="nvidia"):
     return cmd + (["--input_format", "text_docs"] if layout == "text_docs" else [])
 
 
-def run_prepare(cmd, out):
-    """Run one prepare_data command; (its stats.json, wall seconds, peak RSS MB of the process tree
+def run_prepare(cmd, out, cores=None):
+    """Run one prepare_data command (on the first `cores` cores only, where given: taskset's way); (its stats.json, wall seconds, peak RSS MB of the process tree
     summed, peak RSS MB of its largest process, CPU seconds of the main process and of the
     workers), sampled every 0.1 s from /proc (getrusage's ru_maxrss would count this bench
     process's own size, which a forked child inherits)."""
     import psutil
 
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, range(cores)))
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=pin)
     root = psutil.Process(proc.pid)
     peak_sum = peak_one = 0
     cpu = {}                                   # pid -> last CPU seconds seen
     readers = set()                            # the pid of the reader process (tools/prep/reader.py)
+    parents = {}                               # pid -> parent pid: the reader's children are its stage workers
     main_thread = 0.0                          # of those, the main process's main thread
     while proc.poll() is None:
         rss = []
@@ -168,6 +175,7 @@ def run_prepare(cmd, out):
                 rss.append(p.memory_info().rss)
                 times = p.cpu_times()
                 cpu[p.pid] = times.user + times.system
+                parents[p.pid] = p.ppid()
                 if p.name() == READER_NAME:
                     readers.add(p.pid)
                 if p.pid == proc.pid:
@@ -184,8 +192,10 @@ def run_prepare(cmd, out):
         stats = json.load(f)
     main_cpu = cpu.pop(proc.pid, 0.0)
     reader_cpu = sum(cpu.pop(pid, 0.0) for pid in readers)
+    stage_cpu = sum(seconds for pid, seconds in cpu.items() if parents.get(pid) in readers)
     stats["cpu"] = {"main_s": round(main_cpu, 1), "main_thread_s": round(main_thread, 1),
-                    "reader_s": round(reader_cpu, 1), "workers_s": round(sum(cpu.values()), 1),
+                    "reader_s": round(reader_cpu, 1), "stage_workers_s": round(stage_cpu, 1),
+                    "workers_s": round(sum(cpu.values()), 1),
                     "busiest_worker_s": round(max(cpu.values(), default=0.0), 1)}
     return stats, wall, peak_sum / 2**20, peak_one / 2**20
 
@@ -250,7 +260,8 @@ def bench_scaling(args, make, text_bytes, vocab):
                 for workers in args.workers:
                     out = os.path.join(args.work, f"scaling_{layout}_{workers}")
                     cmd = prepare_cmd(path, layout, out, vocab, workers, fmt) + FILTER_SETS[filters]
-                    stats, wall, _, peak_one = run_prepare(cmd, out)
+                    cores = min(workers, os.cpu_count() or 1) if args.pin else os.cpu_count() or 1
+                    stats, wall, _, peak_one = run_prepare(cmd, out, cores if args.pin else None)
                     cpu = stats["cpu"]
                     total = cpu["main_s"] + cpu["reader_s"] + cpu["workers_s"]
                     seconds = stats["seconds"]
@@ -260,29 +271,31 @@ def bench_scaling(args, make, text_bytes, vocab):
                     # the pipeline, taken off): a speed-up a busy machine's wall clock cannot show.
                     main = stats["main_cpu_seconds"]
                     setup = max(cpu["main_s"] - main, 0.0)
-                    bound = max(cpu["busiest_worker_s"], cpu["reader_s"], main, (total - setup) / (os.cpu_count() or 1))
+                    bound = max(cpu["busiest_worker_s"], cpu["reader_s"], main, (total - setup) / cores)
                     base_bound = base_bound or bound
                     rec = {"scaling_layout": layout, "filters": filters, "format": fmt, "workers": workers,
+                           "cores": cores, "pinned": args.pin,
                            "text_mb": round(text_bytes / 1e6, 1), "seconds": round(seconds, 1),
                            "text_mb_per_s": round(text_bytes / 1e6 / seconds, 2),
                            "speedup": round(base / seconds, 2), "cpu_bound_s": round(bound, 1),
                            "cpu_bound_speedup": round(base_bound / bound, 2), "cpu_s": round(total, 1),
                            "text_mb_per_cpu_s": round(text_bytes / 1e6 / total, 2),
                            "main_cpu_s": cpu["main_s"], "main_pipeline_cpu_s": round(main, 2),
-                           "reader_cpu_s": cpu["reader_s"],
+                           "reader_cpu_s": cpu["reader_s"], "stage_workers_cpu_s": cpu["stage_workers_s"],
                            "workers_cpu_s": cpu["workers_s"], "busiest_worker_cpu_s": cpu["busiest_worker_s"],
                            "peak_rss_mb_largest_process": round(peak_one), "load_average_at_run": load_average()}
                     logger.info("%s", rec)
                     records.append(rec)
                     shutil.rmtree(out)
-    print("| layout | filters | format | workers | s | MB/s of text | speed-up | CPU-bound speed-up "
-          "| MB per CPU s (per core) | CPU s: main (pipeline) / reader / workers (busiest) | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| layout | filters | format | workers | cores | s | MB/s of text | speed-up | CPU-bound speed-up "
+          "| MB per CPU s (per core) | CPU s: main (pipeline) / reader / workers, of them stage workers (busiest) "
+          "| load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
-        print(f"| {r['scaling_layout']} | {r['filters']} | {r['format']} | {r['workers']} | {r['seconds']} "
+        print(f"| {r['scaling_layout']} | {r['filters']} | {r['format']} | {r['workers']} | {r['cores']} | {r['seconds']} "
               f"| {r['text_mb_per_s']} | {r['speedup']}x | {r['cpu_bound_speedup']}x | {r['text_mb_per_cpu_s']} | "
               f"{r['main_cpu_s']} ({r['main_pipeline_cpu_s']}) / "
-              f"{r['reader_cpu_s']} / {r['workers_cpu_s']} ({r['busiest_worker_cpu_s']}) | {r['load_average_at_run']} |")
+              f"{r['reader_cpu_s']} / {r['workers_cpu_s']}, {r['stage_workers_cpu_s']} ({r['busiest_worker_cpu_s']}) | {r['load_average_at_run']} |")
     return records
 
 
@@ -445,6 +458,9 @@ def main(argv=None):
     p.add_argument("--scaling", action="store_true",
                    help="only the runs of each layout, --filter_sets and --formats at each --workers count, "
                         "one after the other: speed-up and MB per CPU second, a table on stdout")
+    p.add_argument("--pin", action="store_true",
+                   help="--scaling: run each run on its first --workers cores only (N workers on N cores: the "
+                        "speed-up per core, with the reader and the stage workers on those cores too)")
     p.add_argument("--filter_sets", nargs="+", default=["exact_dedup"], choices=list(FILTER_SETS))
     p.add_argument("--formats", nargs="+", default=["nvidia"], choices=["nvidia", "bing"])
     p.add_argument("--long_document_mb", type=float, default=None,

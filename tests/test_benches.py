@@ -62,6 +62,10 @@ def test_bench_prepare(tmp_path):
     one, two = json_lines(tmp_path / "scaling.jsonl")
     assert (one["workers"], two["workers"], one["speedup"]) == (1, 2, 1.0)
     assert two["reader_cpu_s"] >= 0 and two["text_mb_per_cpu_s"] > 0
+    bench(tmp_path, "bench_prepare.py", "--work", tmp_path / "work", "--mb", 0.2, "--scaling", "--layouts", "jsonl",
+          "--workers", 1, 2, "--pin", "--filter_sets", "quality", "--output", tmp_path / "pinned.jsonl")
+    one, two = json_lines(tmp_path / "pinned.jsonl")
+    assert (one["cores"], two["cores"]) == (1, min(2, os.cpu_count())) and one["pinned"] and two["pinned"]
 
 
 def test_bench_prepare_filters(tmp_path):
