@@ -497,8 +497,8 @@ def read_chunks(args, sources, options, chunk_bytes, tmp, stages):
     keep = DocumentFilter(args.num_parts, args.part, dedup=not args.keep_duplicates)
     record = SplitRecord(tmp, args.part if args.num_parts > 1 else None)
     try:
-        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record, stages or None,
-                               stage_workers)
+        yield from iter_chunks(documents, chunk_bytes, args.validation_fraction, keep, record,
+                               stage_workers or stages or None)
         record.finish(args, keep.read + keep.other_parts)
     finally:
         if stage_workers is not None:

@@ -59,26 +59,22 @@ def is_validation_document(index, fraction):
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None,
-                stage_workers=None):
+def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None):
     """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers. `keep`
     (a DocumentFilter) decides which documents are kept; `record(set name, document number,
     key, document)` (a SplitRecord) is told where each kept one goes. `stages` (a DocumentStages:
-    near duplicates, decontamination, language, quality) see each document `keep` kept, and may drop
-    or cut it, before it is recorded; with `stage_workers` (a StageWorkers of those stages) their
-    decisions are made in its processes, the same ones.
+    near duplicates, decontamination, language, quality; or a StageWorkers, its decisions made in
+    processes of their own, the same ones) see each document `keep` kept, and may drop or cut it,
+    before it is recorded.
     """
     pending = {TRAIN: [[], 0, 0], VALIDATION: [[], 0, 0]}   # documents, text bytes, chunk index
     consumed = 0
     dealt = _dealt(documents, validation_fraction, keep)
-    if stage_workers is not None:
-        dealt = stage_workers.staged(dealt)
-    elif stages is not None:
-        dealt = ((name, number, key, doc if doc is None else stages(name, number, doc), nbytes)
-                 for name, number, key, doc, nbytes in dealt)
+    if stages is not None:
+        dealt = stages.staged(dealt)
     for name, number, key, doc, nbytes in dealt:
         consumed += nbytes
         if doc is None:

@@ -63,6 +63,13 @@ class DocumentStages:
         """The document as the stages leave it (None: dropped), counted and written."""
         return self.apply(set_name, number, self.decide(set_name, number, document))
 
+    def staged(self, items):
+        """`items`: (set name, document number, key, document or None, input bytes) in input order;
+        yields them with each document as the stages leave it (None: dropped), decided here
+        (reader.StageWorkers.staged decides in processes of its own)."""
+        for name, number, key, document, nbytes in items:
+            yield name, number, key, None if document is None else self(name, number, document), nbytes
+
     def decide(self, set_name, number, document):
         """(the document as the stages leave it or None, [(stage name, Removal, cut)]): what the
         stages do to it, changing nothing (a stage worker's part)."""
