@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import numpy as np
 import psutil
@@ -14,6 +13,7 @@ import pytest
 
 from testkit import corpora as files
 from testkit.launcher import REPO
+from tests.launch import wait_for_line
 from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
 from tools.prep import neardup
@@ -21,7 +21,7 @@ from tools.prep.documents import CorpusReader
 from tools.prep.journal import WORK_DIR, run_fingerprint
 from tools.prep.layouts import ReadOptions, find_sources
 from tools.prep.quality import QualityFilter, parse_thresholds
-from tools.prep.reader import PROCESS_NAME
+from tools.prep.reader import PROCESS_NAME, STAGE_PROCESS_NAME
 from tools.prep.summary import Summary
 
 GERMAN = ("Die Stadt liegt am Ufer des Flusses und wurde im Mittelalter gegründet. Im Jahr 1850 wurde die erste "
@@ -359,7 +359,7 @@ def test_resume_after_sigkill_with_every_stage_on_is_the_same(tmp_path):
 
 # --- stage workers: the decisions of the stages that read the text, beside the reader
 
-READER_NAME = PROCESS_NAME.decode()
+READER_NAME, STAGE_NAME = PROCESS_NAME.decode(), STAGE_PROCESS_NAME.decode()
 
 
 def every_text_stage(tmp_path, docs):
@@ -426,24 +426,18 @@ def test_a_stage_worker_that_dies_is_one_error_line_and_the_run_continues_after(
 
 
 def test_a_sigkilled_run_takes_its_stage_workers_along(staged_corpus, tmp_path):
-    """SIGKILL of the main process: the reader ends with it and the stage workers with the reader;
-    none is left."""
+    """SIGKILL of the main process while a stage worker decides (held there: tests/held_prepare_data.py):
+    the reader ends with it and the stage workers with the reader; none is left."""
     _, path, vocab, flags = staged_corpus
-    out = tmp_path / "o"
-    argv = argv_of(path, vocab, out, *flags, "--stage_workers", 2, "--chunk_size_mb", "0.001")
-    proc = subprocess.Popen([sys.executable, "-m", "tools.prepare_data", *argv], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, tree = time.time() + 120, []
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        reader = [p for p in tree if p.name() == READER_NAME]
-        if reader and len(reader[0].children()) >= 2:           # its two stage workers
-            break
-        time.sleep(0.01)
-    assert reader and len(reader[0].children()) >= 2, "no stage workers seen"
+    log = tmp_path / "log"
+    argv = argv_of(path, vocab, tmp_path / "o", *flags, "--stage_workers", 2)
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "held_prepare_data.py"), *argv], cwd=REPO,
+                            env={**os.environ, "HELD_DOCUMENT": "10"}, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT)
+    wait_for_line(proc, log, "PAUSED")
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    (reader,) = [p for p in tree if p.name() == READER_NAME]
+    assert [p.name() for p in reader.children()] == [STAGE_NAME] * 2
     proc.kill()
     proc.wait()
     gone, alive = psutil.wait_procs(tree, timeout=60)
