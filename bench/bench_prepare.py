@@ -152,8 +152,9 @@ def prepare_cmd(path, layout, out, vocab, workers, fmt="nvidia"):
 
 
 def run_prepare(cmd, out, cores=None):
-    """Run one prepare_data command (on the first `cores` cores only, where given: taskset's way); (its stats.json, wall seconds, peak RSS MB of the process tree
-    summed, peak RSS MB of its largest process, CPU seconds of the main process and of the
+    """Run one prepare_data command, on its first `cores` cores only where given (taskset's way);
+    (its stats.json, wall seconds, peak RSS MB of the process tree summed, peak RSS MB of its
+    largest process, CPU seconds of the main process, the reader, its stage workers and the
     workers), sampled every 0.1 s from /proc (getrusage's ru_maxrss would count this bench
     process's own size, which a forked child inherits)."""
     import psutil
@@ -260,8 +261,9 @@ def bench_scaling(args, make, text_bytes, vocab):
                 for workers in args.workers:
                     out = os.path.join(args.work, f"scaling_{layout}_{workers}")
                     cmd = prepare_cmd(path, layout, out, vocab, workers, fmt) + FILTER_SETS[filters]
-                    cores = min(workers, os.cpu_count() or 1) if args.pin else os.cpu_count() or 1
-                    stats, wall, _, peak_one = run_prepare(cmd, out, cores if args.pin else None)
+                    pinned = min(workers, os.cpu_count() or 1) if args.pin else None
+                    cores = pinned or os.cpu_count() or 1
+                    stats, wall, _, peak_one = run_prepare(cmd, out, pinned)
                     cpu = stats["cpu"]
                     total = cpu["main_s"] + cpu["reader_s"] + cpu["workers_s"]
                     seconds = stats["seconds"]
