@@ -262,6 +262,52 @@ def test_gopher_repetition_rules_on_their_own():
     assert relaxed.failed_rule(" ".join(words)) is None
 
 
+LONG_WORDS = ("extraordinarily", "magnificent", "archaeological", "establishment", "international",
+              "correspondence", "representative", "neighbourhood")
+
+
+def tied_document(i, short_first):
+    """A page whose most frequent 2-grams are two, equally frequent: a short one holding ~8% of its
+    characters, a long one ~30% (Gopher's limit: 20%), each after words seen once; the one it holds
+    first decides max_top_2gram (as datatrove's Counter picks), the other never."""
+    rng = random.Random(i)
+    short, long = f"of {rng.choice(['it', 'us', 'me'])}", " ".join(rng.sample(LONG_WORDS, 2))
+    pairs = [short, long] if short_first else [long, short]
+    filler = iter(f"{w}{k}" for k, w in enumerate(rng.choices(files.WORDS, k=40)))
+    body = " ".join(f"{pairs[k % 2]} {next(filler)} {next(filler)}" for k in range(16))
+    return f"Tie {i} {short_first}", [body + " " + " ".join(filler) + " and the end."]
+
+
+def test_of_equally_frequent_n_grams_the_first_in_the_text_decides():
+    rules = QualityFilter(parse_thresholds(None))
+    for i in range(8):
+        assert rules.failed_rule(tied_document(i, short_first=True)[1][0]) is None
+        assert rules.failed_rule(tied_document(i, short_first=False)[1][0]) == "max_top_2gram"
+
+
+def test_the_same_command_in_another_process_writes_the_same_files(tmp_path):
+    """Python draws its string hashes anew in every process (PYTHONHASHSEED): no decision may
+    depend on them (a resumed run decides again what the killed one decided)."""
+    docs = english(30, seed=21) + [tied_document(i, i % 3 != 0) for i in range(12)] + [("Stadt", [GERMAN])]
+    random.Random(3).shuffle(docs)
+    path = files.write_jsonl(str(tmp_path / "docs.jsonl"), docs)
+    vocab = make_vocab(tmp_path / "vocab.txt", docs)
+    outputs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"o{seed}"
+        # (the tied pages have ~75 words: the later --quality_threshold is the one read)
+        argv = argv_of(path, vocab, out, *every_text_stage(tmp_path, docs), "--quality_threshold", "min_words=50",
+                       "--keep_filtered", out / "kept")
+        subprocess.run([sys.executable, "-m", "tools.prepare_data", *map(str, argv)], cwd=REPO, check=True,
+                       capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        stats = json.loads((out / "stats.json").read_text())
+        outputs.append((shard_bytes(out), stats["filters"],
+                        {p.name: p.read_bytes() for p in sorted((out / "kept").iterdir())}))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][1]["quality"]["removed"]["max_top_2gram"] == 4
+    assert all(outputs[0][1][stage]["removed"] for stage in ("decontaminate", "language")), outputs[0][1]
+
+
 def test_a_wikipedia_page_is_judged_by_its_text_not_its_markup(planted, tmp_path):
     """The stages see a page as the shards will hold it: its templates ("{{...}}", which C4's rule
     against "{" would drop it for) and tables removed, as the workers remove them."""

@@ -2,9 +2,10 @@
 case-folded (so punctuation, spacing and case never hide a match), and an n-gram is a 64-bit hash
 of n consecutive words, computed for a whole document at once with numpy.
 
-The hashes are Python's hash of each word (the same within one process, where every comparison is
-made) mixed polynomially modulo 2**64: two different n-grams share one with odds about 2**-64, the
-only way two runs could decide differently."""
+The hashes are Python's hash of each word mixed polynomially modulo 2**64: two different n-grams
+share one with odds about 2**-64. Python draws its string hashes anew in every process
+(PYTHONHASHSEED), so they are only ever compared for equality within one process, never ordered:
+no decision may follow their order (a resumed run decides again what the killed one decided)."""
 import re
 
 import numpy as np

@@ -13,6 +13,7 @@ Gopher's repetition filter (appendix A.1.2, table A1; datatrove's GopherRepetiti
     max_duplicate_lines 0.3, max_duplicate_line_chars 0.2           lines seen before in the document
     max_duplicate_paragraphs 0.3, max_duplicate_paragraph_chars 0.2  paragraphs (blank-line separated)
     max_top_2gram 0.2, max_top_3gram 0.18, max_top_4gram 0.16       characters in the most frequent n-gram
+                                                                    (of equally frequent ones, the first)
     max_duplicate_5gram 0.15 ... max_duplicate_10gram 0.1           characters in n-grams seen before in
                                                                     the document, each counted once
 C4's page rules (Raffel et al. 2020, section 2.2):
@@ -103,13 +104,14 @@ def _repeated_ngram_rule(t, ws, size):
             return None
         if n in TOP_NGRAMS:    # the most frequent n-gram's characters, times its count (seen once: none)
             _, first, counts = np.unique(grams, return_index=True, return_counts=True)
-            top = int(np.argmax(counts))
-            i = int(first[top])
-            chars = counts[top] * (ends[i + n] - ends[i] + n - 1) if counts[top] > 1 else 0
-            if chars / size > t[f"max_top_{n}gram"]:
-                return f"max_top_{n}gram"
-            if counts[top] == 1:      # no n-gram twice, so no longer one either: every later rule counts 0
+            top = int(counts.max())
+            if top == 1:              # no n-gram twice, so no longer one either: every later rule counts 0
                 return None
+            # of equally frequent n-grams, the one the text holds first (as datatrove's Counter picks):
+            # never the order of the hashes, which Python draws anew in every process
+            i = int(first[counts == top].min())
+            if top * (ends[i + n] - ends[i] + n - 1) / size > t[f"max_top_{n}gram"]:
+                return f"max_top_{n}gram"
         elif n in DUPLICATE_NGRAMS:   # characters of the words inside an n-gram seen before, each once
             repeats = np.flatnonzero(~first_seen(grams))
             if not len(repeats):      # as above
