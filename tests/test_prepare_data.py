@@ -1,12 +1,16 @@
 """tools/prepare_data.py: raw text to NVIDIA hdf5 and Bing numpy shards, read back."""
 import os
 import random
+import subprocess
+import sys
 import types
 
 import h5py
 import numpy as np
 import pytest
 
+from testkit import corpora as files
+from testkit.launcher import REPO
 from tools import prepare_data
 from tools.prep.filters import document_key
 from tools.prep.instances import create_instance_spans, truncation
@@ -409,6 +413,22 @@ def test_build_vocab_writes_bert_vocab(data, tmp_path):
     assert 90 <= len(tokens) <= 120 and len(set(tokens)) == len(tokens)
     assert "the" in tokens and any(t.startswith("##") for t in tokens)
     assert (out / "train" / "o_training_shard0.hdf5").exists()
+
+
+def test_build_vocab_gives_the_same_vocab_and_shards_in_every_process(tmp_path):
+    """`tokenizers`' trainer numbers part of the alphabet in hash order, drawn anew in each process,
+    and broke ties between equally frequent merges by it: other entries in each run."""
+    corpus = files.write_jsonl(str(tmp_path / "docs.jsonl"), files.synthetic_documents(400, seed=3))
+    made = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        subprocess.run([sys.executable, "-m", "tools.prepare_data", "--input", corpus, "--output_dir", str(out),
+                        "--prefix", "p", "--format", "nvidia", "--build_vocab", "300", "--max_seq_length", "64",
+                        "--max_predictions_per_seq", "10"], cwd=REPO, check=True, capture_output=True)
+        made.append([(out / name).read_bytes() for name in ("vocab.txt", "train/p_training_shard0.hdf5")])
+    assert made[0] == made[1]
+    tokens = made[0][0].decode().splitlines()
+    assert tokens[:5] == SPECIALS and 200 < len(tokens) == len(set(tokens)) <= 300
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -2,8 +2,8 @@
 themselves, or on a bounded, seeded sample of any layout, split in worker processes), and the
 check of a given tokenizer (a vocab.txt, a tokenizer.json or a model folder) or a trained vocab.txt.
 
-The `tokenizers` WordPiece trainer breaks ties between equally frequent merges in hash order, so
-two trainings on the same text may differ in a few entries; the sample it trains on does not.
+The same text gives the same vocab.txt in every run (train_vocab says how, around the trainer's
+hash-order numbering), and the sample it trains on is the same for the same --seed.
 """
 import heapq
 import logging
@@ -22,6 +22,7 @@ from turing.formats import token_storage_problem
 from turing.tokenization import ROLES, SPECIAL_TOKENS, load_tokenizer
 
 logger = logging.getLogger(__name__)
+CONTINUING = "##"            # WordPiece's prefix of a piece inside a word
 
 
 def build_vocab(args, sources, options, journal, signals):
@@ -69,14 +70,34 @@ def train_vocab(files, vocab_size, do_lower_case, path):
     """Train a BERT WordPiece vocab of about `vocab_size` entries on `files`; write it to `path`.
 
     Special tokens come first ([PAD] = 0, [UNK] = 1, [CLS] = 2, [SEP] = 3, [MASK] = 4).
+
+    The same files give the same vocab in every run. `tokenizers`' trainer numbers the continuing
+    alphabet ("##a", "##b", ...) as it meets it in a hash map, whose order every process draws
+    anew, and breaks ties between equally frequent merges by those numbers (huggingface/tokenizers
+    issue 1794), so on its own it gives a few other entries in each run. A first pass that stops
+    before any merge finds that alphabet; the training proper is handed it sorted, as entries it
+    holds from the start, so nothing is numbered in hash order. It costs a second count of the
+    words (about as long as the training: 15 s more for 100 MB of text here).
     """
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    first = _trained(files, 0, do_lower_case, ())
+    alphabet = sorted(token for token in first.get_vocab() if token.startswith(CONTINUING))
+    tokenizer = _trained(files, vocab_size, do_lower_case, alphabet)
+    tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for token, _ in tokens:
+            f.write(token + "\n")
+    return len(tokens)
+
+
+def _trained(files, vocab_size, do_lower_case, known):
+    """A WordPiece tokenizer trained on `files`, the entries `known` given after the special tokens."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUING))
     # BERT's normalisation: clean text, split CJK, lower-case and strip accents when asked.
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
-                                        continuing_subword_prefix="##", show_progress=False)
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS.values(), *known],
+                                        continuing_subword_prefix=CONTINUING, show_progress=False)
     try:
         tokenizer.train(files, trainer)
     except Exception:  # the Rust trainer raises a bare Exception; name the file and line if it is the text
@@ -84,11 +105,7 @@ def train_vocab(files, vocab_size, do_lower_case, path):
         if error is not None:
             raise error from None
         raise
-    tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for token, _ in tokens:
-            f.write(token + "\n")
-    return len(tokens)
+    return tokenizer
 
 
 def sample_documents(documents, budget, seed):
