@@ -23,7 +23,7 @@ import sys
 
 from tools.prep import PrepareDataError
 from tools.prep.documents import document_size
-from tools.prep.workers import end_with_parent, worker_context
+from tools.prep.workers import end_with_parent, how_it_ended, worker_context
 
 POLL_SECONDS = 0.2          # how often the main process checks for a stop while it waits for a chunk
 PROCESS_NAME = b"prepare_reader"   # the reader's name in ps and top (Linux: 15 bytes at most)
@@ -97,8 +97,7 @@ class ChunkReader:
             elif ready:
                 break
         self.process.join(timeout=1)
-        code = self.process.exitcode
-        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        how = how_it_ended(self.process.exitcode)
         raise PrepareDataError(f"the reader process {self.process.pid} ended ({how}) while reading the input "
                                "(SIGKILL is what the out-of-memory killer sends); no shard was written (the "
                                "finished chunks are kept: the same command continues from them)")
@@ -143,8 +142,9 @@ class StageWorkers:
         ctx, _ = worker_context(())
         self.stages = stages
         self.window = 2 * processes
-        self.pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx, initializer=_stage_worker_start,
-                                                           initargs=(stages, os.getpid()))
+        self.context = _KeepsProcesses(ctx)
+        self.pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=self.context,
+                                                           initializer=_stage_worker_start, initargs=(stages, os.getpid()))
         self.pool.submit(_decide, []).result()      # every process forked now, before any reading thread
 
     def staged(self, items):
@@ -163,16 +163,42 @@ class StageWorkers:
         try:
             decisions = iter(decided.result())
         except concurrent.futures.process.BrokenProcessPool:
-            raise PrepareDataError("a stage worker process ended while deciding (SIGKILL is what the "
-                                   "out-of-memory killer sends); the finished chunks are kept: the same command "
-                                   "continues from them") from None
+            raise PrepareDataError(f"{self._which_ended()} while deciding (SIGKILL is what the out-of-memory killer "
+                                   "sends); the finished chunks are kept: the same command continues from them") from None
         for name, number, key, document, nbytes in batch:
             if document is not None:
                 document = self.stages.apply(name, number, next(decisions))
             yield name, number, key, document, nbytes
 
+    def _which_ended(self):
+        """Which stage worker ended, and how, the one that broke the pool (which then ends the others
+        with SIGTERM)."""
+        for process in self.context.processes:
+            process.join(timeout=1)
+        for process in self.context.processes:
+            if process.exitcode not in (0, -signal.SIGTERM, None):
+                return f"the stage worker process {process.pid} ended ({how_it_ended(process.exitcode)})"
+        return "a stage worker process ended"
+
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _KeepsProcesses:
+    """A multiprocessing context that keeps the processes a ProcessPoolExecutor starts with it: the
+    pool says that one of its workers ended, never which one or how."""
+
+    def __init__(self, context):
+        self._context = context
+        self.processes = []
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    def Process(self, *args, **kwargs):  # noqa: N802 - the context's own name
+        process = self._context.Process(*args, **kwargs)
+        self.processes.append(process)
+        return process
 
 
 def _batches(items):

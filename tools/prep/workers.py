@@ -177,6 +177,11 @@ def load_chunk(path):
         return stats, f["tokens"], spans, f["group_sizes"].tolist(), np_rng
 
 
+def how_it_ended(exitcode):
+    """A child process's end as the error lines say it: "killed by SIGKILL", "exit code 3"."""
+    return f"killed by {signal.Signals(-exitcode).name}" if exitcode and exitcode < 0 else f"exit code {exitcode}"
+
+
 def worker_context(inherited):
     """(context, descriptors a worker closes): forked workers where the platform can (they inherit
     the set-up: no re-import, and the descriptors `inherited`), else spawned ones (which inherit no
@@ -385,8 +390,7 @@ class WorkerPool:
         for p, _, _ in self.workers:
             if p.sentinel in dead:
                 p.join()
-                ended.append(f"worker process {p.pid} " + (f"killed by {signal.Signals(-p.exitcode).name}"
-                                                         if p.exitcode < 0 else f"exit code {p.exitcode}"))
+                ended.append(f"worker process {p.pid} {how_it_ended(p.exitcode)}")
         return (f"--workers: {', '.join(ended) or 'a worker process ended'} while preparing the shards "
                 "(SIGKILL is what the out-of-memory killer sends: lower --workers or --chunk_size_mb); "
                 "no shard was written (the finished chunks are kept: the same command continues from them)")
