@@ -51,8 +51,10 @@ algorithm (--dupe_factor passes, random next sentences from another document of 
 chunk), shuffle, and for the NVIDIA format mask statically (vectorised over the chunk). The
 main process only coordinates: it hands the chunks to the workers and writes the results in
 chunk order, dealing sequences round-robin over the shards (the workers also deflate the hdf5
-chunks), so --workers N is N cores of work, shard sizes differ by at most one, memory does not grow with the corpus, and the output depends only on the input
-and --seed, never on --workers (the files are byte-identical). Every file is written
+chunks), so --workers N is N cores of work (and --stage_workers more with a text stage on),
+shard sizes differ by at most one, memory does not grow with the corpus, and the output depends
+only on the input and --seed, never on --workers, --stage_workers or the process (the files are
+byte-identical). Every file is written
 under a temporary folder and renamed into place at the end, so a crash never leaves a
 half-written shard under a final name. A worker or the reader that dies (the out-of-memory
 killer) ends the run at once with an error; SIGTERM/SIGINT stop the workers and remove the temporary folder.
