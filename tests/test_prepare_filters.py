@@ -1,6 +1,7 @@
 """tools/prepare_data.py's document stages (tools/prep/stages.py): near duplicates (on by default),
 decontamination, language and quality filters, --keep_filtered; what each removed in stats.json,
 the same shards with every stage off or removing nothing, and a resume after SIGKILL with all on."""
+import collections
 import json
 import os
 import random
@@ -18,7 +19,7 @@ from testkit.launcher import REPO
 from tests.launch import wait_for_line
 from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
-from tools.prep import neardup
+from tools.prep import neardup, ngrams, quality
 from tools.prep.documents import CorpusReader
 from tools.prep.journal import WORK_DIR, run_fingerprint
 from tools.prep.layouts import ReadOptions, find_sources
@@ -241,6 +242,116 @@ def test_quality_rules_count_what_each_removed(planted, tmp_path):
                   "c4_lorem_ipsum=0")
     assert relaxed["filters"]["quality"]["removed"] == {"max_duplicate_lines": 1, "max_bullet_lines": 1,
                                                         "max_symbol_word_ratio": 1}
+
+
+def rules_as_written(t, text):
+    """The quality rules (tools/prep/quality.py's docstring) word by word, in plain Python: n-grams as
+    tuples of words, counted with a Counter (whose most_common takes the first of equal counts)."""
+    tokens = text.split()
+    content = [w for w in tokens if w.strip(quality.PUNCTUATION)]
+    if len(content) < max(t["min_words"], 1):
+        return "min_words"
+    if len(content) > t["max_words"]:
+        return "max_words"
+    mean = sum(len(w) for w in content) / len(content)
+    if mean < t["min_mean_word_length"]:
+        return "min_mean_word_length"
+    if mean > t["max_mean_word_length"]:
+        return "max_mean_word_length"
+    if max(text.count("#"), text.count("...") + text.count("…")) / len(tokens) > t["max_symbol_word_ratio"]:
+        return "max_symbol_word_ratio"
+    lines = [line for line in text.split("\n") if line.strip()]
+    if sum(line.lstrip()[:1] in quality.BULLETS for line in lines) / len(lines) > t["max_bullet_lines"]:
+        return "max_bullet_lines"
+    if sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines) > t["max_ellipsis_lines"]:
+        return "max_ellipsis_lines"
+    if sum(any(c.isalpha() for c in w) for w in tokens) / len(tokens) < t["min_alpha_words"]:
+        return "min_alpha_words"
+    if sum(w in ("the", "be", "to", "of", "and", "that", "have", "with") for w in text.lower().split()) \
+            < t["min_stop_words"]:
+        return "min_stop_words"
+    size = max(len(text), 1)
+    for kind, items in (("paragraph", [p for p in re.split(r"\n{2,}", text.strip()) if p.strip()]), ("line", lines)):
+        repeated = [item for i, item in enumerate(items) if item in items[:i]]
+        if len(repeated) / max(len(items), 1) > t[f"max_duplicate_{kind}s"]:
+            return f"max_duplicate_{kind}s"
+        if sum(map(len, repeated)) / size > t[f"max_duplicate_{kind}_chars"]:
+            return f"max_duplicate_{kind}_chars"
+    ws = [w.casefold() for w in re.findall(r"\w+", text)]
+    for n in range(2, 11):
+        grams = list(zip(*(ws[i:] for i in range(n))))
+        if n <= 4:
+            top, count = collections.Counter(grams).most_common(1)[0] if grams else ((), 0)
+            chars = count * (sum(map(len, top)) + n - 1) if count > 1 else 0
+            if chars / size > t[f"max_top_{n}gram"]:
+                return f"max_top_{n}gram"
+        else:
+            seen, covered = set(), set()
+            for i, gram in enumerate(grams):
+                if gram in seen:
+                    covered.update(range(i, i + n))
+                seen.add(gram)
+            if sum(len(ws[i]) for i in covered) / size > t[f"max_duplicate_{n}gram"]:
+                return f"max_duplicate_{n}gram"
+    if t["c4_lorem_ipsum"] and "lorem ipsum" in text.lower():
+        return "c4_lorem_ipsum"
+    if t["c4_curly_bracket"] and "{" in text:
+        return "c4_curly_bracket"
+    return None
+
+
+TRICKY = ["İstanbul", "straße", "ﬁne", "Ωμέγα", "ᾳ", "a\u0345b", "東京", "naïve", "Ⅻ", "1990", "a_b", "x2", "--", "—",
+          "...", "…", "•", "#", "##tag", "(see", "end.", "“quoted”", "«»", "·", "lorem ipsum", "{x}", "e\u0301"]
+SPACES = [" ", " ", " ", "  ", "\t", "\xa0", "\u2028", "\x0b", "\u3000"]
+
+
+def tricky_document(rng):
+    """Lines of common and tricky words (case folds that change length, characters that are not
+    letters, Unicode spaces), some lines and word runs repeated, some bulleted or trailing off."""
+    lines = []
+    for _ in range(rng.randint(1, 12)):
+        if lines and rng.random() < 0.2:
+            lines.append(rng.choice(lines))
+            continue
+        tokens = [rng.choice(TRICKY) if rng.random() < 0.2 else rng.choice(files.WORDS + ["the", "of", "and"])
+                  for _ in range(rng.randint(0, 30))]
+        if tokens and rng.random() < 0.3:
+            start = rng.randrange(len(tokens))
+            tokens += tokens[start:start + rng.randint(2, 12)] * rng.randint(1, 3)
+        line = "".join(w + rng.choice(SPACES) for w in tokens).strip(" ")
+        lines.append(rng.choice(["", "", "- ", "• ", "* "]) + line + rng.choice(["", "", "", "...", "…", "."]))
+    return rng.choice(["\n", "\n", "\n\n", "\r\n"]).join(lines)
+
+
+def test_the_quality_rules_decide_as_written_on_tricky_text():
+    """quality.py computes the rules in fewer passes (numpy over hashes, the words of a folded text,
+    only the tokens that are not all letters one by one); every decision is the plain one's."""
+    rng = random.Random(0)
+    texts = [tricky_document(rng) for _ in range(1500)]
+    settings = [parse_thresholds(None),
+                parse_thresholds(["min_words=5", "min_stop_words=0", "min_alpha_words=0.5", "max_mean_word_length=30"]),
+                parse_thresholds(["min_words=1", "min_stop_words=0", "min_alpha_words=0", "max_symbol_word_ratio=5",
+                                  "max_bullet_lines=1", "max_ellipsis_lines=1", "min_mean_word_length=0",
+                                  "max_mean_word_length=99", "max_duplicate_lines=0.5", "max_duplicate_paragraphs=0.5"])]
+    decided = collections.Counter()
+    for t in settings:
+        rules = QualityFilter(t)
+        for text in texts:
+            expected = rules_as_written(t, text)
+            assert rules.failed_rule(text) == expected, (text, t)
+            decided[expected] += 1
+    assert len(decided) >= 20, decided       # most rules decide some text
+
+
+def test_only_one_character_folds_into_a_word_character():
+    """ngrams.words folds a whole text at once unless it holds a character that is no word
+    character but folds to one (which would join or grow words): FOLDS_INTO_A_WORD lists them all."""
+    word = re.compile(r"\w")
+    found = "".join(c for c in map(chr, range(sys.maxunicode + 1))
+                    if not word.match(c) and len(c.casefold()) == 1 and word.match(c.casefold()))
+    assert found == ngrams.FOLDS_INTO_A_WORD
+    for text in ("a\u0345b İx straße", "ﬁ\u0345 Σ"):
+        assert ngrams.words(text) == [w.casefold() for w in re.findall(r"\w+", text)]
 
 
 def test_gopher_repetition_rules_on_their_own():

@@ -7,7 +7,7 @@ Gopher's quality filter (Rae et al. 2021, appendix A.1.1; datatrove's GopherQual
     max_symbol_word_ratio 0.1          "#" and "..." (or "…") each, per word
     max_bullet_lines 0.9               share of lines that start with a bullet (•, -, *)
     max_ellipsis_lines 0.3             share of lines that end with "..." or "…"
-    min_alpha_words 0.8                share of words holding a letter
+    min_alpha_words 0.8                share of words holding a letter (str.isalpha: "²" or "Ⅻ" is none)
     min_stop_words 2                   of "the", "be", "to", "of", "and", "that", "have", "with"
 Gopher's repetition filter (appendix A.1.2, table A1; datatrove's GopherRepetitionFilter):
     max_duplicate_lines 0.3, max_duplicate_line_chars 0.2           lines seen before in the document
@@ -23,19 +23,19 @@ A document's lines are its sentences in the text layout (one a line) and its lin
 text-layout document is one paragraph. Ratios are shares of the document's characters or lines.
 Words are split at whitespace for the quality rules and are tools/prep/ngrams.py's (letters and
 digits, case-folded) for the n-gram rules, which Gopher counts over words without punctuation."""
+import itertools
 import re
 
 import numpy as np
 
 from tools.prep import PrepareDataError
-from tools.prep.ngrams import first_seen, next_ngram_hashes, word_hashes, words
+from tools.prep.ngrams import first_seen, next_ngram_hashes, runs, word_hashes, words
 from tools.prep.stages import Removal
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 BULLETS = ("•", "-", "*", "●", "▪", "‣")
 ELLIPSES = ("...", "…")
 PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’„…–—•·"
-LETTER = re.compile(r"[^\W\d_]")
 
 TOP_NGRAMS = {2: 0.2, 3: 0.18, 4: 0.16}
 DUPLICATE_NGRAMS = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.1}
@@ -96,20 +96,21 @@ def _repeated_ngram_rule(t, ws, size):
     if len(ws) < 2:
         return None
     hashes = word_hashes(ws)
-    ends = np.concatenate(([0], np.cumsum([len(w) for w in ws])))      # characters before word i
+    ends = np.zeros(len(ws) + 1, dtype=np.int64)                       # characters before word i
+    np.cumsum(np.fromiter(map(len, ws), dtype=np.int64, count=len(ws)), out=ends[1:])
     grams = hashes
     for n in range(2, max(DUPLICATE_NGRAMS) + 1):
         grams = next_ngram_hashes(grams, hashes, n)
         if not len(grams):
             return None
         if n in TOP_NGRAMS:    # the most frequent n-gram's characters, times its count (seen once: none)
-            _, first, counts = np.unique(grams, return_index=True, return_counts=True)
+            order, starts, counts = runs(grams)
             top = int(counts.max())
             if top == 1:              # no n-gram twice, so no longer one either: every later rule counts 0
                 return None
             # of equally frequent n-grams, the one the text holds first (as datatrove's Counter picks):
             # never the order of the hashes, which Python draws anew in every process
-            i = int(first[counts == top].min())
+            i = int(order[starts[counts == top]].min())
             if top * (ends[i + n] - ends[i] + n - 1) / size > t[f"max_top_{n}gram"]:
                 return f"max_top_{n}gram"
         elif n in DUPLICATE_NGRAMS:   # characters of the words inside an n-gram seen before, each once
@@ -144,18 +145,22 @@ class QualityFilter:
 
     def failed_rule(self, text):
         """The name of the first rule `text` fails, or None."""
-        return self._gopher_quality(text) or self._gopher_repetition(text) or self._c4(text)
+        lines = list(filter(str.strip, text.split("\n")))      # its lines that are not blank
+        return self._gopher_quality(text, lines) or self._gopher_repetition(text, lines) or self._c4(text)
 
-    def _gopher_quality(self, text):
+    def _gopher_quality(self, text, lines):
         t = self.t
         tokens = text.split()
-        content = [w for w in tokens if w.strip(PUNCTUATION)]
-        n = len(content)
+        # a token of letters only holds a word's letter and no punctuation: only the others (a few
+        # in ten) are looked at one by one
+        others = list(itertools.filterfalse(str.isalpha, tokens))
+        punctuation_only = [w for w in others if not w.strip(PUNCTUATION)]
+        n = len(tokens) - len(punctuation_only)
         if n < max(t["min_words"], 1):      # (no word at all: nothing to measure)
             return "min_words"
         if n > t["max_words"]:
             return "max_words"
-        mean = sum(map(len, content)) / n
+        mean = (sum(map(len, tokens)) - sum(map(len, punctuation_only))) / n
         if mean < t["min_mean_word_length"]:
             return "min_mean_word_length"
         if mean > t["max_mean_word_length"]:
@@ -163,18 +168,18 @@ class QualityFilter:
         if text.count("#") / len(tokens) > t["max_symbol_word_ratio"] or \
                 sum(text.count(e) for e in ELLIPSES) / len(tokens) > t["max_symbol_word_ratio"]:
             return "max_symbol_word_ratio"
-        lines = [line for line in text.split("\n") if line.strip()]
         if sum(line.lstrip().startswith(BULLETS) for line in lines) / len(lines) > t["max_bullet_lines"]:
             return "max_bullet_lines"
         if sum(line.rstrip().endswith(ELLIPSES) for line in lines) / len(lines) > t["max_ellipsis_lines"]:
             return "max_ellipsis_lines"
-        if sum(1 for w in tokens if w.isalpha() or LETTER.search(w)) / len(tokens) < t["min_alpha_words"]:
+        without_letter = sum(1 for w in others if not any(map(str.isalpha, w)))
+        if (len(tokens) - without_letter) / len(tokens) < t["min_alpha_words"]:
             return "min_alpha_words"
         if sum(map(STOP_WORDS.__contains__, text.lower().split())) < t["min_stop_words"]:
             return "min_stop_words"
         return None
 
-    def _gopher_repetition(self, text):
+    def _gopher_repetition(self, text, lines):
         t = self.t
         size = max(len(text), 1)
         paragraphs = [p for p in re.split(r"\n{2,}", text.strip()) if p.strip()]
@@ -183,7 +188,6 @@ class QualityFilter:
             return "max_duplicate_paragraphs"
         if chars / size > t["max_duplicate_paragraph_chars"]:
             return "max_duplicate_paragraph_chars"
-        lines = [line for line in text.split("\n") if line.strip()]
         count, chars = _duplicates(lines)
         if count / max(len(lines), 1) > t["max_duplicate_lines"]:
             return "max_duplicate_lines"
