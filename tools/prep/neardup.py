@@ -42,7 +42,7 @@ def shingles(text, n=SHINGLE_WORDS):
     w = words(text)
     if len(w) <= n:
         return [" ".join(w) if w else text.strip()]
-    return [" ".join(w[i:i + n]) for i in range(len(w) - n + 1)]
+    return list(map(" ".join, zip(*(w[i:] for i in range(n)))))
 
 
 def _minhash_class():
