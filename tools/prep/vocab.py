@@ -77,7 +77,12 @@ def train_vocab(files, vocab_size, do_lower_case, path):
     issue 1794), so on its own it gives a few other entries in each run. A first pass that stops
     before any merge finds that alphabet; the training proper is handed it sorted, as entries it
     holds from the start, so nothing is numbered in hash order. It costs a second count of the
-    words (about as long as the training: 15 s more for 100 MB of text here).
+    words (about as long as the training: 15 s more for 100 MB of text here). Two things differ
+    from the trainer alone, both only where it had to pick among equals or in text it rarely meets:
+    those entries are numbered before the alphabet, so of equally frequent merges one inside a word
+    is taken before one at a word's start (the trainer alone numbered them after it, in hash
+    order); and, handed over as special tokens, "##" and a letter written literally in the text are
+    taken as that entry rather than as "#", "#" and a word.
     """
     first = _trained(files, 0, do_lower_case, ())
     alphabet = sorted(token for token in first.get_vocab() if token.startswith(CONTINUING))
