@@ -76,10 +76,10 @@ ModernBERT's: each sentence encoded as it stands in its document, a later one wi
 it, since such tokens keep it) or a model folder holding one (its vocab.txt first). A tokenizer
 whose tokens a format cannot store is one error line naming what to use instead.
 
-The shards are a function of the input, the vocab and --seed. One caveat: --build_vocab uses
-the `tokenizers` WordPiece trainer, which breaks ties between equally frequent merges in
-hash order, so two trainings on the same text may differ in a few dozen of 8,000 entries;
-for bit-identical data, build the vocab once and pass it with --vocab_file.
+The shards are a function of the input, the vocab and --seed, whatever the process (no decision
+follows Python's per-process string hashes); --build_vocab gives the same vocab.txt in every run
+of the same command (tools/prep/vocab.py's train_vocab says how, around the `tokenizers` trainer's
+hash-ordered alphabet).
 
 Bing shards hold unmasked token strings of segments A and B (the reader adds [CLS]/[SEP] and
 masks at load time); is_next.npy is 1 when B is a random sentence (the Bing format's meaning, the same
