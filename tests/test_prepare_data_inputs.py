@@ -4,6 +4,7 @@ a SIGTERM. Each ends in a warning with counts or one error line, and never in sh
 training would read wrongly or a temporary folder left behind (the finished chunks stay, for the
 same command to continue from)."""
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -404,9 +405,59 @@ def test_a_chunk_a_killed_worker_was_writing_is_removed(tmp_path):
     chunks = tmp_path / WORK_DIR / "chunks"
     (chunks / "train_0000000.npz").write_bytes(b"finished")
     (chunks / "train_0000001.npz.tmp4242.npz").write_bytes(b"half written")
-    assert journal.close(finished=False) == 1
+    assert journal.close(finished=False) == ["1 finished chunk"]
     assert sorted(os.listdir(chunks)) == ["train_0000000.npz"]
     (chunks / "train_0000001.npz.tmp4243.npz").write_bytes(b"half written")   # killed with the run
     assert journal.open({"run": 1}, overwrite=False) == 1
     assert sorted(os.listdir(chunks)) == ["train_0000000.npz"]
     journal.close(finished=True)
+
+
+@pytest.mark.parametrize("stop", ["before", "after"])
+def test_a_stop_before_the_first_chunk_keeps_the_trained_vocab_and_the_signature_pass(tmp_path, monkeypatch, stop):
+    """A SIGTERM once the vocab is trained, in the signature pass or after it, before any chunk is
+    finished: the journal keeps the vocab (and the finished signature pass), and the same command
+    trains and signs nothing again and writes what an uninterrupted run writes."""
+    corpus = make_corpus(tmp_path / "corpus.txt", documents=80, seed=3)
+
+    def argv(out):
+        return ["--input", str(corpus), "--output_dir", str(out), "--build_vocab", "200", "--format", "nvidia",
+                "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--prefix", "o"]
+
+    out = tmp_path / "o"
+    sign = prepare_data.SignaturePass.run
+
+    def stopped_in_the_signature_pass(self, documents, check_stop, pool=None):
+        if stop == "after":
+            sign(self, documents, check_stop, pool)
+        os.kill(os.getpid(), signal.SIGTERM)
+        check_stop()
+
+    monkeypatch.setattr(prepare_data.SignaturePass, "run", stopped_in_the_signature_pass)
+    assert prepare_data.main(argv(out)) == 128 + signal.SIGTERM
+    work = out / WORK_DIR
+    assert (work / "vocab.txt").is_file()
+    assert (work / "near_dedup" / "removed.npy").is_file() == (stop == "after")
+    assert not list((work / "chunks").glob("*.npz"))
+    monkeypatch.setattr(prepare_data.SignaturePass, "run", sign)
+
+    def never(*args, **kwargs):
+        raise AssertionError("done again")
+
+    monkeypatch.setattr(prep_vocab, "train_vocab", never)
+    if stop == "after":
+        monkeypatch.setattr(prepare_data.SignaturePass, "_sign", never)
+    assert prepare_data.main(argv(out)) == 0
+    monkeypatch.undo()
+    fresh = tmp_path / "fresh"
+    assert prepare_data.main(argv(fresh)) == 0
+    written = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file() and p.name != "stats.json")
+    assert "vocab.txt" in written and "train/o_training_shard0.hdf5" in written
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != "stats.json") == written
+    for name in written:
+        if name == "tokenizer_record.json":     # names the folder it was written to
+            assert {**json.loads((out / name).read_text()), "name": ""} == \
+                {**json.loads((fresh / name).read_text()), "name": ""}
+        else:
+            assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
+    assert not work.exists()

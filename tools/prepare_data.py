@@ -412,8 +412,7 @@ def prepare(args, signals=None):
             stages.close()
         kept = journal.close(finished)
         if kept:
-            logger.warning("%d finished chunks are kept in %s: the same command continues from them",
-                           kept, journal.folder)
+            logger.warning("%s kept in %s: the same command continues from them", ", ".join(kept), journal.folder)
 
 
 def document_stages(args):

@@ -156,22 +156,32 @@ class Journal:
                 if ".tmp" in name:
                     os.remove(os.path.join(folder, name))
 
-    def _signing(self):
-        """Whether a signature pass is under way: files written, its result (removed.npy) not yet."""
-        names = os.listdir(self.near_dedup) if os.path.isdir(self.near_dedup) else []
-        return bool(names) and "removed.npy" not in names
+    def _work_held(self):
+        """What the journal holds that the same command would otherwise do again, in words: finished
+        chunks, a signature pass's files (its blocks, or its result removed.npy), a trained vocab."""
+        held = []
+        chunks = len(self.done_chunks())
+        if chunks:
+            held.append(f"{chunks} finished chunk{'s' if chunks > 1 else ''}")
+        if os.path.isdir(self.near_dedup) and os.listdir(self.near_dedup):
+            done = os.path.isfile(os.path.join(self.near_dedup, "removed.npy"))
+            held.append("the near-duplicate signature pass" + ("" if done else "'s finished blocks"))
+        if os.path.isfile(self.vocab):
+            held.append("the trained vocab")
+        return held
 
     def chunk_path(self, set_name, index):
         return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
 
     def close(self, finished):
-        """Release the lock; remove everything once the run finished, else keep the finished
-        chunks, with the signature pass's files, or the files of a signature pass not finished (and
-        nothing else) for the next run; returns how many chunks were kept."""
+        """Release the lock; remove everything once the run finished, else keep what the next run
+        would otherwise redo (the finished chunks, the signature pass's files, a trained vocab: a
+        stop between the vocab's training or the signature pass and the first chunk loses neither);
+        a journal holding none of them is removed. Returns what was kept, in words (_work_held)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._remove_partial_chunks()  # the workers have ended: a temporary file left is a dead worker's
-        kept = 0 if finished else len(self.done_chunks())
-        if finished or not (kept or self._signing()):
+        kept = [] if finished else self._work_held()
+        if not kept:
             shutil.rmtree(self.folder, ignore_errors=True)
         self._release()
         return kept
