@@ -311,6 +311,26 @@ def test_truncated_compressed_files_are_refused_naming_the_byte(corpus, tmp_path
         assert not (tmp_path / "o" / "train").exists()
 
 
+def test_compressed_files_damaged_inside_are_one_error_line(corpus, tmp_path, capsys):
+    """Damage inside gzip and xz data is raised as zlib.error and lzma.LZMAError, which are no OSError."""
+    import lzma
+    import zlib
+
+    text = gzip.decompress(open(corpus.paths["jsonl_gz"], "rb").read())
+    packed = {".jsonl.gz": gzip.compress(text, mtime=0), ".jsonl.xz": lzma.compress(text)}
+    for suffix, at, error in ((".jsonl.gz", 20, zlib.error), (".jsonl.xz", len(packed[".jsonl.xz"]) // 2, lzma.LZMAError)):
+        data = packed[suffix]          # 64 bytes inverted (at 20: gzip's first block's code tables)
+        data = data[:at] + bytes(b ^ 0xFF for b in data[at:at + 64]) + data[at + 64:]
+        with pytest.raises(error):
+            (gzip if suffix == ".jsonl.gz" else lzma).decompress(data)
+        damaged = tmp_path / f"damaged{suffix}"
+        damaged.write_bytes(data)
+        line = error_of(capsys, ["--input", damaged, *base(corpus, tmp_path / "o")])
+        assert line.startswith(f"error: {damaged}: ") and " data damaged (noticed with " in line, line
+        assert line.endswith("fetch or decompress the file again"), line
+        assert not (tmp_path / "o" / "train").exists()
+
+
 def test_xml_that_is_not_a_mediawiki_dump_and_unknown_layouts_are_refused(corpus, tmp_path, capsys):
     other = tmp_path / "feed.xml"
     other.write_text('<?xml version="1.0"?>\n<rss version="2.0"><channel><title>x</title></channel></rss>\n')

@@ -4,6 +4,7 @@ the same shards with every stage off or removing nothing, and a resume after SIG
 import collections
 import json
 import os
+import pickle
 import random
 import re
 import signal
@@ -192,6 +193,25 @@ def test_decontamination_drops_or_cuts_what_an_evaluation_set_holds(planted, tmp
     (record,) = removed(tmp_path / "cut", "decontaminate")
     assert record["cut"] and record["text"] == corpus[11][1][2]
     assert any("filters: decontaminate 1 cut" in line for line in _lines(cut))
+
+
+def test_a_decontaminator_sent_to_a_process_of_other_string_hashes_finds_the_same(tmp_path):
+    """Its n-gram hashes are Python's string hashes: a spawned stage worker (another PYTHONHASHSEED)
+    must hash the evaluation texts again, not test against this process's hashes."""
+    from tools.prep.decontam import Decontaminator
+
+    sentence = "the quiet river runs past the old mill and under the stone bridge every spring"
+    (tmp_path / "eval.txt").write_text(sentence + "\n", encoding="utf-8")
+    (tmp_path / "stage.pkl").write_bytes(pickle.dumps(Decontaminator([str(tmp_path / "eval.txt")])))
+    code = ("import pickle, sys\n"
+            "stage = pickle.load(open(sys.argv[1], 'rb'))\n"
+            "for text in sys.argv[2:]:\n"
+            "    print('dropped' if stage('train', 0, text, text)[0] is None else 'kept')\n")
+    texts = [f"A page. Then {sentence.upper()}, it said.", "A page about something else entirely, with other words."]
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "stage.pkl"), *texts], cwd=REPO, check=True,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.stdout.split() == ["dropped", "kept"], seed
 
 
 def test_a_run_decontaminates_against_another_run_s_held_out_documents(planted, tmp_path):
@@ -460,14 +480,27 @@ def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path
     (["--decontaminate", "BADJSON", "--decontaminate_min_words", "20"], "--decontaminate_min_words 20: must be"),
     (["--near_dedup_rows", "0"], "--near_dedup_rows 0: must be at least 1"),
     (["--keep_filtered", "IN_TRAIN"], "inside --output_dir's train/ or validation/"),
+    (["--quality_filter", "--quality_threshold", "max_bullet_lines=inf"], "max_bullet_lines must be a share in [0, 1]"),
+    (["--quality_filter", "--quality_threshold", "max_mean_word_length=inf"], "must be a finite number >= 0"),
+    (["--quality_filter", "--quality_threshold", "min_words=1e400"], "min_words must be a whole number >= 0"),
+    (["--quality_filter", "--quality_threshold", "min_words=20", "min_words=30"], "min_words is given twice"),
+    (["--quality_filter", "--quality_threshold", "min_words=200", "max_words=100"],
+     "min_words 200 is above max_words 100: every document would be dropped"),
+    (["--no_near_dedup", "--near_dedup_bands", "20"], "--near_dedup_bands 20 with --no_near_dedup: near duplicates"),
+    (["--near_dedup_bands", "1000", "--near_dedup_rows", "100"], "at most 4096 MinHash values a document"),
+    (["--keep_filtered", "A_FILE"], "a file; expected a folder (made if missing)"),
+    (["--no_near_dedup", "--keep_filtered", "KEPT"], "with every document stage off"),
+    (["--languages", "de"], "every document was left out (near_dedup 6, language 40); loosen those settings"),
 ])
 def test_bad_settings_and_evaluation_sets_are_one_error_line(planted, tmp_path, capsys, flags, expected):
     root, _, path, vocab = planted
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (tmp_path / "bad.jsonl").write_text('{"sentence_good": "a b"}\nnot json\n')
     (tmp_path / "empty").mkdir()
+    (tmp_path / "a_file").write_text("")
     names = {"MISSING": tmp_path / "missing.tsv", "LATIN1": tmp_path / "latin1.txt", "BADJSON": tmp_path / "bad.jsonl",
-             "EMPTYDIR": tmp_path / "empty", "IN_TRAIN": tmp_path / "o" / "train" / "removed"}
+             "EMPTYDIR": tmp_path / "empty", "IN_TRAIN": tmp_path / "o" / "train" / "removed",
+             "A_FILE": tmp_path / "a_file", "KEPT": tmp_path / "kept"}
     flags = [str(names.get(f, f)) for f in flags]
     assert prepare_data.main(argv_of(path, vocab, tmp_path / "o", *flags)) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -312,3 +312,32 @@ def test_a_ray_memory_that_is_no_positive_finite_number_is_one_error_line(value,
     assert capsys.readouterr().err == \
         f"error: --ray_mem_per_cpu_gb {float(value)}: need a finite number of GB above 0\n"
     assert not os.path.exists(tmp_path / "o" / prepare_parts.MARKERS)
+
+
+def test_bad_stage_settings_are_one_error_line_before_any_marker_moves(corpus, tmp_path, capsys):
+    """prepare_data's stage settings (languages, evaluation sets, thresholds) are checked before the
+    parts start: one line, and a finished run's markers stay, --overwrite_markers or not."""
+    out = tmp_path / "o"
+    assert prepare_parts.main(parts_argv(corpus, out)) == 0
+    markers = out / prepare_parts.MARKERS
+    before = {p: p.read_bytes() for p in markers.rglob("*") if p.is_file() and "logs" not in p.parts}
+    capsys.readouterr()
+    for flags, expected in ((["--languages", "xx"], "--languages xx: not a language the model knows"),
+                            (["--decontaminate", str(tmp_path / "missing.tsv")], "missing.tsv: no such file or folder"),
+                            (["--quality_filter", "--quality_threshold", "min_words=inf"], "min_words must be a whole")):
+        assert prepare_parts.main(parts_argv(corpus, out, *flags, "--overwrite_markers")) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+        assert {p: p.read_bytes() for p in markers.rglob("*") if p.is_file() and "logs" not in p.parts} == before
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--executor", "slurm"], "argument --executor: invalid choice: 'slurm'"),
+    (["--parallel_parts", "two"], "argument --parallel_parts: invalid int value: 'two'"),
+])
+def test_a_bad_flag_of_prepare_parts_is_one_error_line(corpus, tmp_path, capsys, flags, expected):
+    with pytest.raises(SystemExit) as end:
+        prepare_parts.main(parts_argv(corpus, tmp_path / "o", *flags))
+    assert end.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err

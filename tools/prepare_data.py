@@ -104,7 +104,7 @@ from tools.prep.filters import DocumentFilter, SplitRecord, install_split_record
 from tools.prep.journal import Journal, run_fingerprint
 from tools.prep.language import LanguageFilter
 from tools.prep.layouts import LAYOUTS, ReadOptions, compression, find_sources
-from tools.prep.neardup import BANDS, ROWS, NearDuplicateFilter, SignaturePass
+from tools.prep.neardup import BANDS, MAX_MINHASH_VALUES, ROWS, NearDuplicateFilter, SignaturePass
 from tools.prep.quality import QualityFilter, parse_thresholds
 from tools.prep.reader import ChunkReader, StageWorkers
 from tools.prep.shards import HDF5_GZIP_LEVEL, ShardSet, existing_shards, remove_shards
@@ -120,15 +120,15 @@ from turing.tokenization import (SPECIAL_TOKENS, TOKENIZER_FILES, TOKENIZER_JSON
 logger = logging.getLogger(__name__)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line: `error: ...`, exit code 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line: `error: ...`, exit code 2 (prepare_parts' too)."""
 
     def error(self, message):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
 def build_parser():
-    p = _Parser(description="Turn a corpus (text, a Wikipedia dump, WikiExtractor output, JSON lines, parquet, "
+    p = OneLineParser(description="Turn a corpus (text, a Wikipedia dump, WikiExtractor output, JSON lines, parquet, "
                             "a Hugging Face dataset) into BERT pretraining shards: NVIDIA hdf5 or Bing numpy.",
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", nargs="+", required=True,
@@ -181,7 +181,7 @@ def build_parser():
     p.add_argument("--part", type=int, default=0,
                    help="0-based: this machine's share of --num_parts, shards named by part in the same folders")
     p.add_argument("--output_dir", required=True,
-                   help="writes vocab.txt, train/ and validation/ here")
+                   help="writes train/, validation/, the tokenizer's files, stats.json and the split's record here")
     p.add_argument("--format", choices=["nvidia", "bing"], default="nvidia",
                    help="nvidia: hdf5 shards with static masking; bing: numpy token-string shards")
     p.add_argument("--bing_layout", choices=["separator", "offsets"], default="separator",
@@ -191,7 +191,7 @@ def build_parser():
                         "folder holding one (--vocab_file: the older name)")
     p.add_argument("--build_vocab", type=int, default=None, metavar="N",
                    help="train a WordPiece vocab of about N entries on the input instead "
-                        "(written to OUT/vocab.txt; may differ slightly between runs)")
+                        "(written to OUT/vocab.txt; the same vocab in every run of the same command)")
     p.add_argument("--vocab_sample_mb", type=float, default=100,
                    help="--build_vocab trains on a seeded sample of this much text of a larger or non-text corpus")
     p.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=None,
@@ -266,12 +266,27 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if args.vocab_sample_mb <= 0:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    changed = [f"--{flag} {getattr(args, flag)}" for flag, default in (("near_dedup_bands", BANDS), ("near_dedup_rows", ROWS))
+               if getattr(args, flag) != default]
+    if changed and not args.near_dedup:
+        raise PrepareDataError(f"{' and '.join(changed)} with --no_near_dedup: near duplicates are kept, so "
+                               "there is nothing to set; drop one or the other")
     for flag in ("near_dedup_bands", "near_dedup_rows"):
         if getattr(args, flag) < 1:
             raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if args.near_dedup_bands * args.near_dedup_rows > MAX_MINHASH_VALUES:
+        raise PrepareDataError(f"--near_dedup_bands {args.near_dedup_bands} x --near_dedup_rows {args.near_dedup_rows}: "
+                               f"at most {MAX_MINHASH_VALUES} MinHash values a document (the default {BANDS} x {ROWS} "
+                               f"is {BANDS * ROWS}); each costs a hash of every shingle")
     if args.quality_threshold and not args.quality_filter:
         raise PrepareDataError("--quality_threshold without --quality_filter: add --quality_filter to run the rules")
     parse_thresholds(args.quality_threshold)
+    if args.keep_filtered is not None and not (args.near_dedup or args.decontaminate or args.languages
+                                               or args.quality_filter):
+        raise PrepareDataError(f"--keep_filtered {args.keep_filtered} with every document stage off (--no_near_dedup "
+                               "and none of --decontaminate, --languages, --quality_filter): nothing would be written")
+    if args.keep_filtered is not None and os.path.exists(args.keep_filtered) and not os.path.isdir(args.keep_filtered):
+        raise PrepareDataError(f"--keep_filtered {args.keep_filtered}: a file; expected a folder (made if missing)")
     sets = [os.path.abspath(os.path.join(args.output_dir, sub)) for sub in (TRAIN, VALIDATION)]
     if args.keep_filtered is not None and any((os.path.abspath(args.keep_filtered) + os.sep).startswith(s + os.sep)
                                               for s in sets):
@@ -341,7 +356,7 @@ def prepare(args, signals=None):
     tmp = journal.tmp
     pool = reader = stages = None
     shard_sets = {}
-    finished = False
+    finished = stopped = False
     try:
         chunk_bytes = int(args.chunk_size_mb * 2**20)
         options = read_options(args)
@@ -401,6 +416,9 @@ def prepare(args, signals=None):
         write_stats(summary, tmp, out, f"stats.part{args.part:03d}.json" if parts else "stats.json")
         finished = True
         return summary
+    except StopRequested:
+        stopped = True
+        raise
     finally:
         if pool:
             pool.terminate()
@@ -410,7 +428,7 @@ def prepare(args, signals=None):
             shard_set.close()
         if stages is not None:
             stages.close()
-        kept = journal.close(finished)
+        kept = journal.close(finished, stopped)
         if kept:
             logger.warning("%s kept in %s: the same command continues from them", ", ".join(kept), journal.folder)
 
@@ -520,6 +538,23 @@ def read_counts(documents, keep):
             "layouts": documents.counts.layouts}
 
 
+def _left_out(summary):
+    """What left documents out, in words ("quality 212 (min_words 180, ...), 3 exact duplicates"),
+    or "" when nothing did."""
+    read = summary.read
+    said = []
+    for stage, counts in read.get("filters", {}).items():
+        removed = counts["removed"]
+        if sum(removed.values()):
+            rules = ", ".join(f"{rule} {n}" for rule, n in removed.items() if n)
+            said.append(f"{stage} {sum(removed.values())}" + (f" ({rules})" if len(removed) > 1 else ""))
+    for count, what in ((read.get("duplicates", 0), "exact duplicates"), (read.get("other_parts", 0), "of other parts"),
+                        (sum(s.too_short for s in summary.sets.values()), "under --min_document_words")):
+        if count:
+            said.append(f"{count} {what}")
+    return ", ".join(said)
+
+
 def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=True):
     """Check that every set and shard got sequences, then finish the shard files."""
     for name, shard_set in shard_sets.items():
@@ -529,6 +564,10 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
         if stats.documents == 0 and skipped:
             raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {skipped} bad records "
                                    "skipped (--skip_bad_records); without that flag the first is named")
+        left_out = _left_out(summary) if name == TRAIN else ""
+        if stats.documents == 0 and left_out:
+            raise PrepareDataError(f"--input {' '.join(inputs)}: every document was left out ({left_out}); "
+                                   "loosen those settings or add text")
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "

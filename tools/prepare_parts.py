@@ -104,9 +104,9 @@ def recorded_error(errors, ranks):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Run every part of a prepare_data --num_parts run as a task of "
-                                            "datatrove's local or Ray executor, with completion markers",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = prepare_data.OneLineParser(description="Run every part of a prepare_data --num_parts run as a task of "
+                                               "datatrove's local or Ray executor, with completion markers",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num_parts", type=int, required=True, help="the parts (tasks); each is --part K of N")
     p.add_argument("--parallel_parts", type=int, default=1,
                    help="parts run at a time, on this machine or the Ray cluster (each with its own --workers "
@@ -250,6 +250,7 @@ def main(argv=None):
                 raise PrepareDataError("--ray_address: a Ray cluster is used with --executor ray only")
             first = prepare_data.build_parser().parse_args(rest + ["--num_parts", str(own.num_parts), "--part", "0"])
             prepare_data.validate_args(first)
+            prepare_data.document_stages(first)   # evaluation sets read, languages known: before any marker moves
             folder = os.path.join(first.output_dir, MARKERS)
             check_markers(folder, command_record(rest + ["--num_parts", str(own.num_parts)]), own.overwrite_markers)
             require("datatrove", "prepare_parts")

@@ -32,6 +32,7 @@ from tools.prep.stages import Removal
 
 DEFAULT_NGRAM = 13          # GPT-3's (datatrove's default: 12)
 DEFAULT_MIN_WORDS = 8       # GPT-3: N is at least 8 words
+HASH_PROBE = "decontaminate"   # its hash tells whether a process shares the string hashes of another
 
 
 def evaluation_files(path):
@@ -97,16 +98,9 @@ class Decontaminator:
         if not 1 <= min_words <= ngram:
             raise PrepareDataError(f"--decontaminate_min_words {min_words}: must be between 1 and "
                                    f"--decontaminate_ngram ({ngram})")
-        self.ngram, self.min_words, self.action = ngram, min_words, action
-        grams = {}                # length -> [hash arrays] (ngram: the n-grams; shorter: whole texts)
+        self.paths, self.ngram, self.min_words, self.action = list(paths), ngram, min_words, action
         self.evaluation = {"files": 0, "texts": 0, "too_short": 0, "ngrams": 0}
-        for path in paths:
-            for file in evaluation_files(path):
-                self.evaluation["files"] += 1
-                for text in evaluation_texts(file):
-                    self._add(grams, words(text))
-        # sorted, once each: a document's n-grams are looked up by binary search
-        self.grams = {n: np.unique(np.concatenate(arrays)) for n, arrays in sorted(grams.items())}
+        self.grams = self._hashed(self.evaluation)
         if not self.grams:
             raise PrepareDataError(f"--decontaminate {' '.join(paths)}: no evaluation text of at least {min_words} "
                                    "words (--decontaminate_min_words) to test against")
@@ -114,15 +108,35 @@ class Decontaminator:
         self.counts = {f"ngram_{ngram}": 0}
         self.info = {"action": action, "ngram": ngram, "min_words": min_words, "evaluation": self.evaluation}
 
-    def _add(self, grams, w):
-        if not w:
-            return
-        self.evaluation["texts"] += 1
-        if len(w) < self.min_words:
-            self.evaluation["too_short"] += 1
-            return
-        n = min(len(w), self.ngram)
-        grams.setdefault(n, []).append(ngram_hashes(word_hashes(w), n))
+    def _hashed(self, evaluation):
+        """length -> the sorted hashes of the evaluation texts' n-grams (ngram: the n-grams; shorter:
+        whole texts), looked up by binary search; `evaluation` counts what was read."""
+        grams = {}
+        for path in self.paths:
+            for file in evaluation_files(path):
+                evaluation["files"] += 1
+                for text in evaluation_texts(file):
+                    w = words(text)
+                    if not w:
+                        continue
+                    evaluation["texts"] += 1
+                    if len(w) < self.min_words:
+                        evaluation["too_short"] += 1
+                        continue
+                    n = min(len(w), self.ngram)
+                    grams.setdefault(n, []).append(ngram_hashes(word_hashes(w), n))
+        return {n: np.unique(np.concatenate(arrays)) for n, arrays in sorted(grams.items())}
+
+    # The hashes are Python's string hashes, which every process draws anew (tools/prep/ngrams.py):
+    # a forked stage worker shares this process's, a spawned one hashes the evaluation texts again.
+    def __getstate__(self):
+        return {**self.__dict__, "_hash_probe": hash(HASH_PROBE)}
+
+    def __setstate__(self, state):
+        probe = state.pop("_hash_probe")
+        self.__dict__.update(state)
+        if probe != hash(HASH_PROBE):
+            self.grams = self._hashed({"files": 0, "texts": 0, "too_short": 0})
 
     def __call__(self, set_name, number, document, text):
         if set_name != "train":

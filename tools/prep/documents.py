@@ -1,7 +1,7 @@
 """Where documents come from: one streamed reader per layout (tools/prep/layouts.py), giving the
 documents of every input in order and counts of what else was met.
 
-A document is one of three things, whichever is cheapest to read in the main process:
+A document is one of three things, whichever is cheapest to read in the reader process:
 a list of str (sentences, the `text` layout), a str (plain text; every line break is a
 paragraph break) or a `Wikitext` (a str still holding markup). tools/prep/sentences.py's
 `document_sentences` turns any of them into sentences; prepare_data runs it in its worker
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from xml.parsers import expat
 
 from tools.prep import CorpusError, InputNotFoundError, PrepareDataError
-from tools.prep.layouts import (HEAD_SPACE, ReadOptions, compression, corrupt_data_error, json_kind, open_hf,
-                                open_stream, read_head, require)
+from tools.prep.layouts import (DAMAGED_DATA, HEAD_SPACE, ReadOptions, compression, corrupt_data_error, json_kind,
+                                open_hf, open_stream, read_head, require)
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _decoded_lines(source):
                                       f"{e.start + 1}); convert the file first, e.g. iconv -f latin1 -t utf-8") from None
                 yield number, text.removeprefix("\ufeff") if number == 1 else text, pos - last
                 last = pos
-        except (EOFError, OSError) as e:
+        except DAMAGED_DATA as e:
             raise corrupt_data_error(path, raw, e) from None
 
 
@@ -215,7 +215,7 @@ def _read_mediawiki(source, options, counts):
                 last = pos
         except ElementTree.ParseError as e:
             raise _xml_error(path, e) from None
-        except (EOFError, OSError) as e:
+        except DAMAGED_DATA as e:
             raise corrupt_data_error(path, raw, e) from None
         if root is None:
             raise CorpusError(f"{path}: empty, not a MediaWiki XML dump")
@@ -409,7 +409,7 @@ class DocumentReader:
         """The documents of one file (.gz, .bz2, .xz, .zst too), as __iter__ yields them."""
         try:
             yield from self._read_file(path)
-        except (EOFError, OSError) as e:
+        except DAMAGED_DATA as e:
             if not compression(path):
                 raise
             raise corrupt_data_error(path, self._raw, e) from None

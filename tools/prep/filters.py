@@ -60,7 +60,7 @@ def is_validation_document(index, fraction):
 
 
 def iter_chunks(documents, chunk_bytes, validation_fraction, keep=None, record=None, stages=None):
-    """Group documents (a DocumentReader) into chunks of about `chunk_bytes` of text, per set.
+    """Group documents (a CorpusReader) into chunks of about `chunk_bytes` of text, per set.
 
     Yields (set name, chunk index within the set, documents, input bytes consumed). The
     grouping depends only on the input, so the output does not depend on --workers. `keep`
@@ -114,7 +114,7 @@ def _dealt(documents, validation_fraction, keep):
 class SplitRecord:
     """Which documents went to which set, written beside the shards for every later stage to read
     (turing/heldout.py's files): the held-out documents as read, their sentences split as the
-    workers split them, and the training documents' keys. Made in the main process as documents
+    workers split them, and the training documents' keys. Made in the reader process as documents
     are dealt (so a resumed run, which reads its input again, makes it again whole), written in
     the temporary folder and renamed into place with the shards (install_split_record); the shards
     never depend on it."""

@@ -156,31 +156,36 @@ class Journal:
                 if ".tmp" in name:
                     os.remove(os.path.join(folder, name))
 
-    def _work_held(self):
-        """What the journal holds that the same command would otherwise do again, in words: finished
-        chunks, a signature pass's files (its blocks, or its result removed.npy), a trained vocab."""
-        held = []
+    def _work_held(self, stopped):
+        """What the journal holds that the same command would otherwise do again, in words (none: []):
+        finished chunks and a signature pass under way; after a stop also a finished signature pass
+        and a trained vocab. With chunks or a signature pass under way, the vocab stays with them."""
         chunks = len(self.done_chunks())
-        if chunks:
-            held.append(f"{chunks} finished chunk{'s' if chunks > 1 else ''}")
-        if os.path.isdir(self.near_dedup) and os.listdir(self.near_dedup):
-            done = os.path.isfile(os.path.join(self.near_dedup, "removed.npy"))
-            held.append("the near-duplicate signature pass" + ("" if done else "'s finished blocks"))
-        if os.path.isfile(self.vocab):
+        names = os.listdir(self.near_dedup) if os.path.isdir(self.near_dedup) else []
+        signed, vocab = "removed.npy" in names, os.path.isfile(self.vocab)
+        if not (chunks or (names and not signed) or (stopped and (names or vocab))):
+            return []
+        held = [f"{chunks} finished chunk{'s' if chunks > 1 else ''}"] if chunks else []
+        if names:
+            held.append("the near-duplicate signature pass" + ("" if signed else "'s finished blocks"))
+        if vocab:
             held.append("the trained vocab")
         return held
 
     def chunk_path(self, set_name, index):
         return os.path.join(self.chunks, f"{set_name}_{index:07d}.npz")
 
-    def close(self, finished):
+    def close(self, finished, stopped=False):
         """Release the lock; remove everything once the run finished, else keep what the next run
-        would otherwise redo (the finished chunks, the signature pass's files, a trained vocab: a
-        stop between the vocab's training or the signature pass and the first chunk loses neither);
-        a journal holding none of them is removed. Returns what was kept, in words (_work_held)."""
+        would otherwise redo: finished chunks and a signature pass under way, and, when a signal
+        `stopped` the run (the same command is what continues it), also a finished signature pass and
+        a trained vocab, so that a stop between them and the first chunk loses neither. After an
+        error a journal of those alone is removed: the next command is often another one (the input
+        or a setting put right), which a kept journal would make ask for --overwrite. (A SIGKILL
+        keeps everything: nothing runs.) Returns what was kept, in words (_work_held)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._remove_partial_chunks()  # the workers have ended: a temporary file left is a dead worker's
-        kept = [] if finished else self._work_held()
+        kept = [] if finished else self._work_held(stopped)
         if not kept:
             shutil.rmtree(self.folder, ignore_errors=True)
         self._release()

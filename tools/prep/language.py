@@ -4,7 +4,7 @@ the codes as its language, else dropped (counted by the language it was taken fo
 py3langid (a maintained fork of langid.py, Lui and Baldwin 2012: a naive Bayes model over byte
 n-grams of 97 languages' text, more in later releases) ships its model inside the package, so nothing
 is downloaded at run time. Chosen by measurement (bench/README.md): on 3,200 held-out sentences of
-16 languages it was as accurate as lingua (0.964 against 0.968) at ten times lingua's speed, in a
+16 languages it was nearly as accurate as lingua (0.968 against 0.973) at ten times lingua's speed, in a
 1 MB wheel against lingua's 96 MB. The first LANGUAGE_CHARS characters of a document decide (the
 model's cost is linear in the text; a page rarely changes language after that)."""
 import functools

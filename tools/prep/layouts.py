@@ -24,6 +24,7 @@ import logging
 import lzma
 import os
 import re
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -514,11 +515,18 @@ class open_stream:
         self.raw.close()
 
 
+# What reading a compressed file that is cut short or damaged raises: gzip's and lzma's damage inside
+# the data is no OSError (zlib.error, lzma.LZMAError), bz2's and zstd's is.
+DAMAGED_DATA = (EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
 def corrupt_data_error(path, raw, error):
-    """The one line for a compressed file that is cut short or damaged."""
+    """The one line for a compressed file that is cut short or damaged (one of DAMAGED_DATA)."""
     kind = compression(path) or "file"
     where = raw.tell() if not raw.closed else "?"
     size = os.path.getsize(path)
-    cut = "cut short" if isinstance(error, EOFError) else "damaged"
-    return CorpusError(f"{path}: {kind} data {cut} at byte {where} of {size} ({error}); "
-                       "fetch or decompress the file again")
+    if isinstance(error, EOFError):
+        at = f"cut short at byte {where} of {size}"
+    else:     # where the damage was noticed: the compressed bytes read so far (read ahead of it)
+        at = f"damaged (noticed with {where} of {size} bytes read)"
+    return CorpusError(f"{path}: {kind} data {at} ({error}); fetch or decompress the file again")

@@ -31,6 +31,7 @@ from tools.prep.stages import Removal, document_text
 logger = logging.getLogger(__name__)
 
 SHINGLE_WORDS, BANDS, ROWS = 5, 14, 8    # datatrove's MinhashConfig defaults (FineWeb's)
+MAX_MINHASH_VALUES = 4096               # bands x rows at most (datatrove's 14 x 8 = 112)
 BLOCK = 50_000                           # documents a signature file holds
 BATCH = 1_000                            # documents signed at once (a worker's task)
 _MIX = np.uint64(0x9E3779B97F4A7C15)     # odd 64-bit multiplier: a band's rows into one hash

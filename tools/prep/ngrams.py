@@ -4,8 +4,10 @@ of n consecutive words, computed for a whole document at once with numpy.
 
 The hashes are Python's hash of each word mixed polynomially modulo 2**64: two different n-grams
 share one with odds about 2**-64. Python draws its string hashes anew in every process
-(PYTHONHASHSEED), so they are only ever compared for equality within one process, never ordered:
-no decision may follow their order (a resumed run decides again what the killed one decided)."""
+(PYTHONHASHSEED), so they are only ever compared for equality within one process and the processes
+forked from it (decontamination's evaluation n-grams, hashed before the stage workers fork; a
+Decontaminator sent to a spawned process hashes them again there), never ordered: no decision may
+follow their order (a resumed run decides again what the killed one decided)."""
 import re
 
 import numpy as np

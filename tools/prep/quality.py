@@ -10,8 +10,8 @@ Gopher's quality filter (Rae et al. 2021, appendix A.1.1; datatrove's GopherQual
     min_alpha_words 0.8                share of words holding a letter (str.isalpha: "²" or "Ⅻ" is none)
     min_stop_words 2                   of "the", "be", "to", "of", "and", "that", "have", "with"
 Gopher's repetition filter (appendix A.1.2, table A1; datatrove's GopherRepetitionFilter):
-    max_duplicate_lines 0.3, max_duplicate_line_chars 0.2           lines seen before in the document
     max_duplicate_paragraphs 0.3, max_duplicate_paragraph_chars 0.2  paragraphs (blank-line separated)
+    max_duplicate_lines 0.3, max_duplicate_line_chars 0.2           lines seen before in the document
     max_top_2gram 0.2, max_top_3gram 0.18, max_top_4gram 0.16       characters in the most frequent n-gram
                                                                     (of equally frequent ones, the first)
     max_duplicate_5gram 0.15 ... max_duplicate_10gram 0.1           characters in n-grams seen before in
@@ -24,6 +24,7 @@ text-layout document is one paragraph. Ratios are shares of the document's chara
 Words are split at whitespace for the quality rules and are tools/prep/ngrams.py's (letters and
 digits, case-folded) for the n-gram rules, which Gopher counts over words without punctuation."""
 import itertools
+import math
 import re
 
 import numpy as np
@@ -46,8 +47,8 @@ THRESHOLDS = {
     "min_mean_word_length": (3, "ratio"), "max_mean_word_length": (10, "ratio"),
     "max_symbol_word_ratio": (0.1, "ratio"), "max_bullet_lines": (0.9, "share"),
     "max_ellipsis_lines": (0.3, "share"), "min_alpha_words": (0.8, "share"), "min_stop_words": (2, "count"),
-    "max_duplicate_lines": (0.3, "share"), "max_duplicate_line_chars": (0.2, "share"),
     "max_duplicate_paragraphs": (0.3, "share"), "max_duplicate_paragraph_chars": (0.2, "share"),
+    "max_duplicate_lines": (0.3, "share"), "max_duplicate_line_chars": (0.2, "share"),
     **{f"max_top_{n}gram": (v, "share") for n, v in TOP_NGRAMS.items()},
     **{f"max_duplicate_{n}gram": (v, "share") for n, v in DUPLICATE_NGRAMS.items()},
     "c4_lorem_ipsum": (1, "switch"), "c4_curly_bracket": (1, "switch"),
@@ -57,23 +58,31 @@ THRESHOLDS = {
 def parse_thresholds(items):
     """--quality_threshold NAME=VALUE ... over the defaults; one error line for a bad one."""
     values = {name: default for name, (default, _) in THRESHOLDS.items()}
+    given = set()
     for item in items or ():
         name, sep, value = item.partition("=")
         if name not in THRESHOLDS or not sep:
             raise PrepareDataError(f"--quality_threshold {item}: expected NAME=VALUE with NAME one of "
                                    f"{', '.join(THRESHOLDS)}")
+        if name in given:
+            raise PrepareDataError(f"--quality_threshold {item}: {name} is given twice; give each rule once")
+        given.add(name)
         kind = THRESHOLDS[name][1]
         try:
             number = float(value)
         except ValueError:
             number = float("nan")
-        ok = {"count": number >= 0 and number == int(number), "ratio": number >= 0,
-              "share": 0 <= number <= 1, "switch": number in (0, 1)}[kind]
+        ok = math.isfinite(number) and {"count": number >= 0 and number == int(number), "ratio": number >= 0,
+                                         "share": 0 <= number <= 1, "switch": number in (0, 1)}[kind]
         if not ok:
-            expected = {"count": "a whole number >= 0", "ratio": "a number >= 0", "share": "a share in [0, 1]",
+            expected = {"count": "a whole number >= 0", "ratio": "a finite number >= 0", "share": "a share in [0, 1]",
                         "switch": "0 (off) or 1 (on)"}[kind]
             raise PrepareDataError(f"--quality_threshold {item}: {name} must be {expected}")
         values[name] = int(number) if kind in ("count", "switch") else number
+    for low, high in (("min_words", "max_words"), ("min_mean_word_length", "max_mean_word_length")):
+        if values[low] > values[high]:
+            raise PrepareDataError(f"--quality_threshold: {low} {values[low]} is above {high} {values[high]}: "
+                                   "every document would be dropped")
     return values
 
 

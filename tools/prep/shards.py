@@ -1,4 +1,4 @@
-"""The shard files, in the main process: NVIDIA hdf5 (gzip chunks deflated on threads, stored as
+"""The shard files, in the main process: NVIDIA hdf5 (gzip chunks deflated in the worker processes, stored as
 h5py's own filter would) and Bing shard folders of .npy files appended chunk by chunk; a set's
 sequences dealt round-robin over its shards (ShardSet), in a temporary folder until installed;
 the names that tell a shard (and its part) from anything else in a folder."""
