@@ -11,7 +11,8 @@ loop, one optimizer step at a time), checkpoint, validate.
 a one-process group itself. The infrastructure is in turing/: the run's configuration and state
 (run_config), checkpoints (checkpointer, checkpoint), metrics (reporting), the training clock,
 stop signals, the process group (distributed), the LR schedules. The original's public calls
-(construct_arguments, prepare_model_optimizer, train, run, load_checkpoint, ...) are at the end.
+(prepare_model_optimizer, train, run, load_checkpoint, ...) are at the end; construct_arguments,
+update_learning_rate and get_dataloader are where the program uses them.
 """
 import dataclasses
 import itertools

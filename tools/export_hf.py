@@ -7,7 +7,9 @@ The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormFo
 (our pre-LN BERT, mapped by `turing.hf_convert`), of a `BertForMaskedLM` for a checkpoint of the
 bert_postln architecture (`turing/postln.py`: a stock BERT trained on), or of a
 `ModernBertForMaskedLM` for one of the modernbert architecture (`turing/modern.py`), the tokenizer files (`vocab.txt`,
-`tokenizer_config.json`, `special_tokens_map.json`) and a README saying what was dropped.
+`tokenizer_config.json`, `special_tokens_map.json`, and `tokenizer.json` too for the modernbert
+architecture; a model trained with a `tokenizer.json` gets that one instead of `vocab.txt`) and a
+README saying what was dropped.
 It loads offline with `transformers`' own classes:
 
     from transformers import AutoModelForMaskedLM, AutoTokenizer

@@ -22,7 +22,8 @@ both) and `document` (the document's number in the input, from 0, as prepare_dat
 - repeat:  an inner word repeated in place of the word after it ("the cat sat on" -> "the cat cat
            on"), so both sentences keep the same number of words;
 - replace: an inner word replaced by another word of (nearly) the same frequency in the training
-           documents: the nearest in the frequency ranking, so word frequency alone cannot tell the
+           documents: a random one of the words within FREQUENCY_NEIGHBOURS (3) places of it in the
+           frequency ranking, not already in the sentence, so word frequency alone cannot tell the
            two apart.
 
 Inner words are the letter-only words that are neither first nor last (no capital letter or full

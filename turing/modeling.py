@@ -554,8 +554,8 @@ class ModelOptions:
     and nothing else. `from_args` builds them from a command line (the training script's `args`,
     or any object with some of its attributes) in one place.
 
-    A new model option is a field here (with its default), the flag in utils.py when it is one,
-    and the code in the model that reads it."""
+    A new model option is a field here (with its default), the flag in utils.py when it is one
+    (and its name in _SAME_NAME, which from_args copies), and the code in the model that reads it."""
     checkpoint_activations: bool = False        # recompute each encoder layer in backward
     unpad: bool = False                         # encoder on real tokens only (training loss)
     next_sentence_prediction: bool = True       # the job config's training switch: NSP term in the loss
