@@ -52,7 +52,7 @@ from turing.models import BertMultiTask
 from turing.optim_groups import NO_DECAY_NAMES, decay_groups  # noqa: F401 (NO_DECAY_NAMES: importable from here too)
 from turing.pretrained import check_job_settings, load_into, locate, read_weights
 from turing.reporting import Reporter, write_metrics
-from turing.run_config import RunConfig, RunState, complete_arguments, pld_setting
+from turing.run_config import ONEBIT_OPTIMIZERS, RunConfig, RunState, complete_arguments, pld_setting
 from turing.shard_tokenizer import check_shard_tokenizer
 from turing.signals import StopSignals
 from turing.tokenization import load_tokenizer
@@ -60,7 +60,6 @@ from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
 
-ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
 
 # The data formats: name -> provider (a module at the repository root). Training reads the format
 # the job config's data.format names, else the original's switch: --use_nvidia_dataset "nvidia",
@@ -283,8 +282,14 @@ def build_model_and_engine(cfg):
     # "Lamb" off CUDA: our portable LAMB, since DeepSpeed's FusedLamb is a CUDA op; "Adam"/"AdamW"
     # off CUDA: torch's, unless the config says otherwise (DeepSpeed JIT-compiles its FusedAdam).
     optimizer, engine_config = build_lamb_if_needed(torch_adam_off_cuda(engine_config), groups)
-    model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
-                                                          optimizer=optimizer, config=engine_config)
+    try:
+        model.network, optimizer, _, _ = deepspeed.initialize(model=model.network, model_parameters=groups,
+                                                              optimizer=optimizer, config=engine_config)
+    except (AssertionError, TypeError, ValueError) as e:   # (pydantic's ValidationError is a ValueError)
+        # what check_ds_config cannot foresee of DeepSpeed's own checks: an optimizer parameter the
+        # class does not take, a block of the wrong shape; its message names the key
+        raise InputError(f"{cfg.deepspeed_config}: DeepSpeed could not build the engine from it "
+                         f"({type(e).__name__}: {' '.join(str(e).split())})") from e
     engine_sizes = (model.network.train_micro_batch_size_per_gpu(), model.network.gradient_accumulation_steps())
     if engine_sizes != (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps):
         raise RuntimeError(f"DeepSpeed derived micro batch/accumulation {engine_sizes}, expected "

@@ -139,8 +139,8 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         """Every .hdf5/.h5 file of `path`, in sorted order, read whole and checked against the
         sequence length and the vocab size."""
         files = sorted(f for f in os.listdir(path) if f.endswith(HDF5_SUFFIXES))
-        parts = [PretrainingHdf5Dataset(read_hdf5_shard(os.path.join(path, f), args.max_seq_length), f,
-                                        args.vocab_size) for f in files]
+        paths = [os.path.join(path, f) for f in files]
+        parts = [PretrainingHdf5Dataset(read_hdf5_shard(p, args.max_seq_length), p, args.vocab_size) for p in paths]
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
     def check_shards(self):

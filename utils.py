@@ -5,13 +5,14 @@ check (`is_time_to_exit`). This process's place in the job and its seeds are tur
 import argparse
 import sys
 
+from turing.errors import OneLineParser
 from turing.lr_schedule import schedule_help
 from turing.process import Ranks, get_rank_and_world, set_seeds  # noqa: F401 (the library's, re-exported)
 
 
 def get_argument_parser():
     """Every flag of the pretraining script, one line of help each, with its default."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         description="Bing BERT pretraining with DeepSpeed",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

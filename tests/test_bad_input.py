@@ -128,7 +128,17 @@ def test_token_ids_outside_vocab(capsys, data_root, tmp_path):
         ids[0, 1] = 5000
         f["input_ids"][...] = ids
     line = run_expect_error(capsys, argv(root, tmp_path / "out"))
-    assert "token id 5000 outside the vocab of 96 entries" in line and shard.name in line
+    assert "token id 5000 outside the vocab of 96 entries" in line and str(shard) in line
+    root = tmp_path / "data2"                           # in a validation shard: named by its whole path too
+    shutil.copytree(data_root, root)
+    shard = root / "nvidia" / "128" / "validation" / "tiny_test_shard0.hdf5"
+    with h5py.File(shard, "r+") as f:
+        ids = f["input_ids"][:]
+        ids[0, 1] = 5000
+        f["input_ids"][...] = ids
+    line = run_expect_error(capsys, argv(root, tmp_path / "out", TINY_CFG, TINY_DS, "--validation_data_path_prefix",
+                                         root / "nvidia" / "128"))
+    assert "token id 5000 outside the vocab of 96 entries" in line and str(shard) in line, line
 
 
 def test_bing_shard_with_missing_file(capsys, data_root, tmp_path):
@@ -166,6 +176,51 @@ def test_fp16_refused_on_cpu(capsys, data_root, tmp_path):
     ds = write_json(tmp_path / "ds.json", {**json.load(open(TINY_DS)), "fp16": {"enabled": True}})
     line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, ds))
     assert "fp16 needs a CUDA GPU" in line
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"optimizer": {"type": "Adamm", "params": {"lr": 1e-3}}}, "optimizer type 'Adamm' is not one DeepSpeed builds"),
+    ({"optimizer": "AdamW"}, 'optimizer must be an object {"type": NAME, "params": {...}}'),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "0.001"}}}, "optimizer.params.lr must be a number, got '0.001'"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9]}}}, "optimizer.params.betas must be two"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "bogus_param": 1}}},
+     "DeepSpeed could not build the engine from it (TypeError: "),
+    ({"gradient_clipping": "1.0"}, "gradient_clipping must be a number >= 0 (0: none), got '1.0'"),
+    ({"zero_optimization": {"stage": 9}}, 'zero_optimization must be an object with "stage" 0, 1, 2 or 3'),
+])
+def test_deepspeed_config_blocks_deepspeed_fails_on_late_are_one_line(capsys, data_root, tmp_path, change, expected):
+    """What DeepSpeed itself would fail on in the engine's build or at the first step (a traceback)."""
+    ds = write_json(tmp_path / "ds.json", {**json.load(open(TINY_DS)), **change})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, ds))
+    assert str(ds) in line and expected in line, line
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"bert_model_config": "x"}, "'bert_model_config' must be a JSON object {...}, got a string"),
+    ({"mixed_seq_training": {"128": []}}, "'mixed_seq_training.128' must be a JSON object {...}, got a list"),
+    ({"data": {"mixed_seq_datasets": "x"}}, "'data.mixed_seq_datasets' must be a JSON object {...} keyed by"),
+])
+def test_job_config_values_of_the_wrong_type_are_one_line(capsys, data_root, tmp_path, change, expected):
+    cf = write_json(tmp_path / "job.json", {**tiny_config(), **change})
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", cf))
+    assert str(cf) in line and expected in line, line
+    top = write_json(tmp_path / "list.json", [tiny_config()])
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", top))
+    assert "the file must hold a JSON object {...}, got a list" in line, line
+
+
+def test_a_negative_validation_interval_is_refused(capsys, data_root, tmp_path):
+    line = run_expect_error(capsys, argv(data_root, tmp_path / "out", TINY_CFG, TINY_DS, "--validation_every_steps", -3))
+    assert "--validation_every_steps" in line, line
+
+
+def test_a_bad_flag_value_is_one_line_not_the_usage(capsys, data_root, tmp_path):
+    with pytest.raises(SystemExit) as end:
+        deepspeed_train.main([str(a) for a in argv(data_root, tmp_path / "out", TINY_CFG, TINY_DS, "--log_level",
+                                                   "verbose")])
+    assert end.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: argument --log_level: invalid choice: 'verbose'"), err
 
 
 def test_one_bit_parameter_groups_mask_position_embeddings(tmp_path):

@@ -35,6 +35,7 @@ def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
     line = one_error_line(capsys.readouterr().err)
     # the trainer's rule for picking a checkpoint, cut-short files included (turing/checkpoint.py)
     assert "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)" in line
+    assert line.endswith("point --checkpoint_dir at another checkpoint")   # not the trainer's --job_name
 
 
 def hf_folder(folder):
@@ -206,6 +207,16 @@ def test_every_tool_runs_typed_as_a_file_from_anywhere(tool, tmp_path):
     done = subprocess.run([sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tool", [t for t in TOOLS if t != "make_demo_corpus"])
+def test_every_tool_answers_a_bad_flag_in_one_line(tool, tmp_path):
+    """One `error: ...` line and exit code 2, not argparse's usage block before it."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), "--no_such_flag"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and err[0].startswith("error: ") and err[0].endswith("(see --help)"), \
+        done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("tool", ["eval_mlm", "export_hf", "finetune_glue"])

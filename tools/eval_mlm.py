@@ -47,7 +47,6 @@ Bad input (a missing file, a line that is not JSON or lacks a field, a sentence 
 tensor) and a score that is not (naming the file and key: the files are strict JSON, never NaN,
 and are written once everything is scored, so an earlier run's stay as they were).
 """
-import argparse
 import dataclasses
 import json
 import logging
@@ -61,13 +60,15 @@ from typing import NamedTuple
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+
 DEFAULT_BATCH_TOKENS = 16384
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Zero-shot quality of a masked LM: minimal-pair accuracy by "
-                                            "pseudo-log-likelihood, MLM scores on held-out text beside the "
-                                            "unigram baseline.")
+    p = OneLineParser(description="Zero-shot quality of a masked LM: minimal-pair accuracy by "
+                                  "pseudo-log-likelihood, MLM scores on held-out text beside the "
+                                  "unigram baseline.")
     p.add_argument("--model", required=True,
                    help="checkpoint folder (job folder or tag folder), state dict file, or Hugging Face export")
     p.add_argument("--pairs", nargs="+", default=[], metavar="FILE.jsonl",

@@ -24,7 +24,6 @@ arguments saved next to them (vocab file, lower-casing). `--cf` is a fallback fo
 without those files, or whose vocab file has moved. Before writing, the exported model is run
 next to ours on a padded batch and the MLM scores at real positions must agree.
 """
-import argparse
 import json
 import logging
 import os
@@ -35,11 +34,13 @@ import tempfile
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+
 
 def build_parser():
-    parser = argparse.ArgumentParser(description="Export a DeepSpeed checkpoint of ours as a Hugging Face "
-                                                 "masked-LM folder (RoBERTa-PreLayerNorm, BERT or ModernBERT, "
-                                                 "as its architecture; offline).")
+    parser = OneLineParser(description="Export a DeepSpeed checkpoint of ours as a Hugging Face "
+                                       "masked-LM folder (RoBERTa-PreLayerNorm, BERT or ModernBERT, "
+                                       "as its architecture; offline).")
     parser.add_argument("--checkpoint_dir", required=True,
                         help="OUT/saved_models/JOB (or one of its tag folders)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. epoch2_step60 (default: the 'latest' file)")

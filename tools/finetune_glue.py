@@ -64,7 +64,6 @@ holding other results): one `error: ...` line before any training. 3 when a loss
 weights) is not finite: the run stops, and the task has no results. 128 + the signal on SIGINT
 (Ctrl-C) or SIGTERM: one line saying which tasks finished.
 """
-import argparse
 import dataclasses
 import logging
 import math
@@ -80,10 +79,12 @@ from typing import NamedTuple
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Fine-tune a pretrained BERT on GLUE tasks (cramming's GLUE-sane "
-                                            "protocol) and report dev scores.")
+    p = OneLineParser(description="Fine-tune a pretrained BERT on GLUE tasks (cramming's GLUE-sane "
+                                  "protocol) and report dev scores.")
     p.add_argument("--model", required=True,
                    help="checkpoint folder (job folder or tag folder), state dict file, or Hugging Face export")
     p.add_argument("--task", required=True, help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, "

@@ -11,13 +11,13 @@ with [min, max] over the seeds when there were several; the last column is the m
 baseline. A run stopped before all its tasks finished is named under the table with the tasks it
 did not reach.
 """
-import argparse
 import os
 import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser
 from turing.glue import GlueError, load_run, results_table
 
 
@@ -54,7 +54,7 @@ def column_names(specs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Scores of several fine-tuning runs side by side.")
+    parser = OneLineParser(description="Scores of several fine-tuning runs side by side.")
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH",
                         help="output folder (or results.json) of tools/finetune_glue.py")
     args = parser.parse_args(argv)

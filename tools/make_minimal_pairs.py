@@ -51,6 +51,8 @@ from collections import Counter
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+
 from tools.prep.filters import recorded_split
 from turing.tokenization import load_tokenizer
 
@@ -67,8 +69,8 @@ class MinimalPairsError(ValueError):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Make minimal pairs (BLiMP's jsonl layout) from the documents "
-                                            "tools/prepare_data.py held out of its pretraining shards.")
+    p = OneLineParser(description="Make minimal pairs (BLiMP's jsonl layout) from the documents "
+                                  "tools/prepare_data.py held out of its pretraining shards.")
     p.add_argument("--heldout", metavar="OUT", default=None,
                    help="a tools/prepare_data.py --output_dir: the pairs come from the documents it held out "
                         "(its documents.json and heldout.jsonl)")

@@ -33,7 +33,6 @@ in a warning), other files are left. Every example is made before anything is wr
 new folders are written beside the old ones and renamed into place, so a run that fails leaves
 DIR as it was, never a mix of two probe sets.
 """
-import argparse
 import logging
 import os
 import random
@@ -43,6 +42,8 @@ import tempfile
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
 
 from tools.prep.documents import DocumentReader, list_input_files
 from tools.prep.filters import recorded_split
@@ -60,7 +61,7 @@ STAGING_PREFIX = ".make_probe_tasks."  # the folder new tasks are written in bef
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Make the offline probe tasks (GLUE layout) from a text corpus.")
+    p = OneLineParser(description="Make the offline probe tasks (GLUE layout) from a text corpus.")
     p.add_argument("--input", default=None, help="corpus: one sentence per line, blank line between documents "
                                                   "(a file, or a folder of .txt files); with --heldout, the corpus "
                                                   "prepare_data read, where it is now (default: the one OUT records)")

@@ -20,7 +20,6 @@ an integer step or epoch axis with room around them. `--output` names the PNG ("
 where it lacks one; a folder gets loss.png in it); the path written is printed.
 Events are read with `turing.tb_events` (no TensorFlow needed); matplotlib draws off-screen (Agg).
 """
-import argparse
 import glob
 import logging
 import math
@@ -30,6 +29,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from turing.errors import OneLineParser
 from turing.tb_events import read_run
 
 logger = logging.getLogger(__name__)
@@ -211,8 +211,8 @@ def last_validation(run_dirs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Plot training loss, learning rate, validation and throughput "
-                                                 "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.")
+    parser = OneLineParser(description="Plot training loss, learning rate, validation and throughput "
+                                       "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard folder of a run")
     parser.add_argument("--output", "-o", default="loss.png", help="PNG file to write (default: loss.png)")
     parser.add_argument("--smooth", type=float, default=0.9,

@@ -112,19 +112,13 @@ from tools.prep.stages import DocumentStages
 from tools.prep.summary import SetStats, Summary, peak_rss_mb, write_stats
 from tools.prep.vocab import build_vocab, check_tokenizer
 from tools.prep.workers import Settings, WorkerPool, ordered_results
+from turing.errors import OneLineParser
 from turing.signals import StopRequested, StopSignals
 from turing.shard_tokenizer import record_name, record_text
 from turing.tokenization import (SPECIAL_TOKENS, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB_TXT, folder_lower_case,
                                  is_tokenizer_json, tokenizer_file)
 
 logger = logging.getLogger(__name__)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line: `error: ...`, exit code 2 (prepare_parts' too)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def build_parser():

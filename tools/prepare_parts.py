@@ -54,6 +54,7 @@ from tools import prepare_data
 from tools.prep import CorpusError, PrepareDataError
 from tools.prep.journal import run_fingerprint
 from tools.prep.layouts import require
+from turing.errors import OneLineParser
 
 MARKERS = ".prepare_parts"        # OUT/MARKERS: datatrove's logging folder (completions/, logs/, stats/)
 ERRORS = "errors"                 # MARKERS/ERRORS: a part's error line, where Ray's executor ran it
@@ -104,9 +105,9 @@ def recorded_error(errors, ranks):
 
 
 def build_parser():
-    p = prepare_data.OneLineParser(description="Run every part of a prepare_data --num_parts run as a task of "
-                                               "datatrove's local or Ray executor, with completion markers",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description="Run every part of a prepare_data --num_parts run as a task of "
+                                  "datatrove's local or Ray executor, with completion markers",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num_parts", type=int, required=True, help="the parts (tasks); each is --part K of N")
     p.add_argument("--parallel_parts", type=int, default=1,
                    help="parts run at a time, on this machine or the Ray cluster (each with its own --workers "

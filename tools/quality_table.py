@@ -15,12 +15,13 @@ above the random-init one (the pair counts, checked equal, are both sides'). --o
 {...}, "pretrained_above_random_init"}, "validation_mlm": {...}, "text_mlm": {...}, "model", "step"}.
 Scores in the JSON are fractions; the table prints them x100.
 """
-import argparse
 import os
 import sys
 
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from turing.errors import OneLineParser  # light (argparse only): before --help is answered
 
 from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
 from turing.jsonfile import read_json, write_json
@@ -153,7 +154,7 @@ def table(doc):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="A checkpoint's quality beside its random-init twin.")
+    parser = OneLineParser(description="A checkpoint's quality beside its random-init twin.")
     parser.add_argument("--pretrained", required=True, help="tools/eval_mlm.py output folder of the checkpoint")
     parser.add_argument("--random_init", required=True, help="the same with --random_init")
     parser.add_argument("--output", default=None, help="write the table's numbers to this JSON file")

@@ -182,10 +182,15 @@ def not_loadable(folder, why):
     return "Checkpoint %s cannot be loaded (%s)", folder, why
 
 
-def none_loadable(path, reasons):
-    """The error when no checkpoint in `path` loads; `reasons`: 'TAG: why' for each one passed over."""
-    return (f"{path}: no checkpoint there can be loaded ({'; '.join(reasons)}); move the folder away to start fresh, "
-            "or give another --job_name")
+def none_loadable(path, reasons, folder_flag="--load_training_checkpoint"):
+    """The error when no checkpoint in `path` loads; `reasons`: 'TAG: why' for each one passed over.
+    The fix it names is the trainer's (its own folder: start fresh or another job) unless
+    `folder_flag` names a tool's flag (None: a tool's model argument, "point it at another checkpoint")."""
+    if folder_flag == "--load_training_checkpoint":
+        fix = "move the folder away to start fresh, or give another --job_name"
+    else:
+        fix = "point " + (folder_flag or "it") + " at another checkpoint"
+    return f"{path}: no checkpoint there can be loaded ({'; '.join(reasons)}); {fix}"
 
 
 def resume_candidates(path, tag, warn=logger.warning, folder_flag="--load_training_checkpoint",
@@ -239,7 +244,7 @@ def resume_candidates(path, tag, warn=logger.warning, folder_flag="--load_traini
             damaged.append(f"{candidate}: {damage}")
             warn(*not_loadable(os.path.join(path, candidate), damage))
     if not usable:
-        raise InputValueError(none_loadable(path, damaged or [f"{tag} incomplete"]))
+        raise InputValueError(none_loadable(path, damaged or [f"{tag} incomplete"], folder_flag))
     if usable[0] != tag:
         warn("Resuming from %s instead of %s", os.path.join(path, usable[0]), tag)
     return usable

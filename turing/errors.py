@@ -7,6 +7,7 @@ these only where the cause is the user's input and the message says what to chan
 `InputValueError` and `InputFileNotFoundError` are also a `ValueError` / `FileNotFoundError`, so
 library callers that catch the built-in types keep working.
 """
+import argparse
 
 
 class InputError(Exception):
@@ -41,3 +42,11 @@ class StopTraining(Exception):
     def __init__(self, message, exit_code):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag or flag value in one line, `error: ...`, exit code 2 (the
+    full usage is --help's), for the training script and every tool."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")

@@ -92,10 +92,18 @@ def _read_json(path, what):
 def _require(config, keys, where):
     node = config
     for i, key in enumerate(keys):
-        if not isinstance(node, dict) or key not in node:
+        if not isinstance(node, dict):
+            what = f"'{'.'.join(keys[:i])}'" if i else "the file"
+            raise InputError(f"{where}: {what} must be a JSON object {{...}}, got {_json_kind(node)}")
+        if key not in node:
             raise InputError(f"{where}: missing key '{'.'.join(keys[:i + 1])}'")
         node = node[key]
     return node
+
+
+def _json_kind(value):
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number")
 
 
 def resolve_vocab_file(token_file, data_path_prefix, config_file):
@@ -133,13 +141,25 @@ def complete_arguments(args):
     config as typed sections (turing.job_config), which everything after this reads. Nothing is
     added to `args` after this: the run reads its RunConfig."""
     config = _read_json(args.config_file, "job config (--cf)")
+    if not isinstance(config, dict):
+        raise InputError(f"{args.config_file}: the file must hold a JSON object {{...}}, got {_json_kind(config)}")
+    for key in ("bert_model_config", "data", "mixed_seq_training"):
+        if key in config and not isinstance(config[key], dict):
+            raise InputError(f"{args.config_file}: '{key}' must be a JSON object {{...}}, got {_json_kind(config[key])}")
     seq = str(args.max_seq_length)
     datasets = _require(config, ["data", "mixed_seq_datasets"], args.config_file)
     training = _require(config, ["mixed_seq_training"], args.config_file)
     for name, table in (("data.mixed_seq_datasets", datasets), ("mixed_seq_training", training)):
+        if not isinstance(table, dict):
+            raise InputError(f"{args.config_file}: '{name}' must be a JSON object {{...}} keyed by sequence length, "
+                             f"got {_json_kind(table)}")
         if seq not in table:
             raise InputError(f"{args.config_file}: {name} has no entry for --max_seq_length {seq}; "
                              f"entries: {', '.join(sorted(table))}")
+    for name, table in (("data.mixed_seq_datasets", datasets), ("mixed_seq_training", training)):
+        if not isinstance(table[seq], dict):
+            raise InputError(f"{args.config_file}: '{name}.{seq}' must be a JSON object {{...}}, got "
+                             f"{_json_kind(table[seq])}")
     config["data"]["datasets"] = datasets[seq]
     config["training"] = training[seq]
     for key in ("num_epochs", "learning_rate", "warmup_proportion", "total_training_steps"):
@@ -170,6 +190,7 @@ def complete_arguments(args):
     if args.deepspeed_config is None:
         raise InputError("--deepspeed_config is required (a DeepSpeed JSON config, e.g. ds_config.json)")
     args.ds_config = _read_json(args.deepspeed_config, "DeepSpeed config (--deepspeed_config)")
+    check_ds_config(args.ds_config, args.deepspeed_config)
     check_progressive_layer_drop(args)
     args.report_to = check_report_to(args.report_to)
     check_local_rank(args)
@@ -178,6 +199,51 @@ def complete_arguments(args):
                          f"--max_seq_length {args.max_seq_length}")
     check_config_values(args)
     return args
+
+
+# DeepSpeed's 1-bit optimizers (CUDA and cupy only), which the program gives position-masked groups
+ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
+
+
+def check_ds_config(ds_config, path):
+    """The DeepSpeed config's blocks that DeepSpeed itself would only fail on deep in the engine's
+    build or at the first step (a traceback): the optimizer's name and numeric parameters,
+    gradient_clipping, the ZeRO stage. The batch sizes are resolve_batch_sizes'."""
+    import torch
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    if not isinstance(ds_config, dict):
+        raise InputError(f"{path}: the file must hold a JSON object {{...}}, got {_json_kind(ds_config)}")
+    opt = ds_config.get("optimizer")
+    if opt is not None:
+        if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
+            raise InputError(f'{path}: optimizer must be an object {{"type": NAME, "params": {{...}}}}, got {opt!r}')
+        name = opt["type"]
+        if (name.lower() not in (*DEEPSPEED_OPTIMIZERS, *ONEBIT_OPTIMIZERS)
+                and not isinstance(getattr(torch.optim, name, None), type)):
+            raise InputError(f"{path}: optimizer type {name!r} is not one DeepSpeed builds: one of "
+                             f"{', '.join(DEEPSPEED_OPTIMIZERS)} (any case), or a torch.optim class name")
+        params = opt.get("params", {})
+        if not isinstance(params, dict):
+            raise InputError(f"{path}: optimizer.params must be a JSON object {{...}}, got {_json_kind(params)}")
+        for key in ("lr", "weight_decay", "eps"):
+            if key in params and not _is_number(params[key]):
+                raise InputError(f"{path}: optimizer.params.{key} must be a number, got {params[key]!r}")
+        betas = params.get("betas", [0.9, 0.999])
+        if not (isinstance(betas, list) and len(betas) == 2 and all(map(_is_number, betas))):
+            raise InputError(f"{path}: optimizer.params.betas must be two numbers [beta1, beta2], got {betas!r}")
+    clip = ds_config.get("gradient_clipping")
+    if clip is not None and not (_is_number(clip) and clip >= 0):
+        raise InputError(f"{path}: gradient_clipping must be a number >= 0 (0: none), got {clip!r}")
+    zero = ds_config.get("zero_optimization")
+    if zero is not None:
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+        if not isinstance(zero, dict) or isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise InputError(f'{path}: zero_optimization must be an object with "stage" 0, 1, 2 or 3, got {zero!r}')
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def settings_from_pretrained(args, config):
@@ -297,7 +363,8 @@ def check_config_values(args):
         raise InputError(f"{args.config_file}: {e}") from None
     for flag, low in (("max_seq_length", 5), ("max_predictions_per_seq", 1), ("print_steps", 1),
                       ("max_steps", 1), ("max_steps_per_epoch", 1), ("refresh_bucket_size", 1),
-                      ("checkpoint_every_steps", 0), ("keep_last_checkpoints", 0), ("max_nonfinite_steps", 1)):
+                      ("checkpoint_every_steps", 0), ("keep_last_checkpoints", 0), ("max_nonfinite_steps", 1),
+                      ("validation_every_steps", 0)):
         _check_value(getattr(args, flag), f"--{flag}", low, integer=True)
     if args.max_seq_length > model_config.max_position_embeddings:
         raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
