@@ -417,14 +417,23 @@ def test_quality_table_refuses_results_that_do_not_compare(tiny, tmp_path, capsy
     assert quality_table.main(["--pretrained", pretrained, "--random_init", random_init]) == 0
     table = capsys.readouterr().out
     assert "pairs" in table and "    12  " in table
-    # results with a bare NaN in them (an older eval_mlm wrote them): no quality.json holds it
-    older = json.load(open(os.path.join(random_init, "results.json")))
+    # results with a bare NaN in them (an older eval_mlm wrote them): refused by name, no quality.json holds it
+    good = (tmp_path / "r" / "results.json").read_text()
+    older = json.loads(good)
     older["validation_set"]["perplexity"] = float("nan")
     (tmp_path / "r" / "results.json").write_text(json.dumps(older))
     output = tmp_path / "quality.json"
-    assert (f"{output}: not written: validation_mlm.random_init.perplexity is nan, not a finite number"
+    assert (f"{tmp_path / 'r' / 'results.json'}: validation_set.perplexity is nan, not a finite number"
             in refused(pretrained, random_init, "--output", str(output)))
     assert not output.exists()
+    # finite, but no score eval_mlm gives (an accuracy of 7.5, a quoted number): refused by name too
+    for key, value, expected in (("accuracy", 7.5, "validation_set.accuracy is 7.5, expected a share in [0, 1]"),
+                                 ("accuracy", "0.5", "validation_set.accuracy is '0.5', expected a share in [0, 1]")):
+        edited = json.loads(good)
+        edited["validation_set"][key] = value
+        (tmp_path / "r" / "results.json").write_text(json.dumps(edited))
+        assert expected in refused(pretrained, random_init), expected
+    (tmp_path / "r" / "results.json").write_text(good)
 
 
 def test_weights_are_read_weights_only_never_unpickled(tiny, tmp_path, capsys):

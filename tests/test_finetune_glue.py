@@ -400,6 +400,16 @@ def test_non_finite_regression_labels_are_refused(pretrained, tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("label", ["1e39", "-0.5", "5.01"])
+def test_regression_labels_off_the_similarity_scale_are_refused(pretrained, tmp_path, capsys, label):
+    """1e39 is finite, and infinite in float32: the loss was inf, blamed on --lr."""
+    data = write_stsb(str(tmp_path / "STS-B"), ["1.0", "2.5", label, "4.0"])
+    assert finetune(pretrained["ckpt"], "stsb", data, tmp_path / "out") == 2
+    assert (f"{os.path.join(data, 'train.tsv')}:4: label '{label}' is outside STS-B's similarity scale [0, 5]"
+            in _error_line(capsys))
+    assert not (tmp_path / "out").exists()
+
+
 def test_undecodable_and_cr_only_tsv_name_the_file(pretrained, glue_dir, tmp_path, capsys):
     sst2 = os.path.join(glue_dir, "SST-2")
     bad = tmp_path / "bad"

@@ -103,6 +103,9 @@ def test_config_values_no_run_can_mean(capsys, data_root, tmp_path, edit, expect
     ("--lr_offset", "inf", "--lr_offset must be a number, got inf"),
     ("--max_train_hours", "nan", "--max_train_hours must be a number, got nan"),
     ("--dist_timeout", "inf", "--dist_timeout must be a number, got inf"),
+    ("--dist_timeout", "1e10", "--dist_timeout must be > 0 and <= 604800, got 10000000000.0"),
+    ("--lr_offset", "-1", "--lr_offset must be >= 0, got -1.0"),
+    ("--validation_every_steps", "-3", "--validation_every_steps must be >= 0, got -3"),
 ])
 def test_flag_values_no_run_can_mean(capsys, data_root, tmp_path, flag, value, expected):
     def add_seq_1024(config):  # so that --max_seq_length 1024 gets past the config's entries
@@ -243,3 +246,25 @@ def test_a_job_config_without_pretrained_weights_trains(value, data_root, tmp_pa
             config["bert_model_file"] = value
     cf = job_config(tmp_path, edit)
     assert deepspeed_train.main(argv(data_root, tmp_path / "out", "--max_steps", 1, cf=cf)).global_step == 1
+
+
+@pytest.mark.parametrize("which", ["job", "ds"])
+def test_nan_or_infinity_anywhere_in_a_config_is_one_line(capsys, data_root, tmp_path, which):
+    """Python's json takes NaN, Infinity and 1e400 (inf); strict JSON has none. In a key no other check
+    reads (another sequence length's learning rate, LAMB's max_coeff) it went on into the run, or
+    into the checkpoint's job_config.json as a bare NaN."""
+    if which == "job":
+        config = json.load(open(TINY_CFG))
+        config["mixed_seq_training"]["512"]["learning_rate"] = "@NAN@"
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(config).replace('"@NAN@"', "NaN"))
+        args, key = argv(data_root, tmp_path / "out", cf=path), "mixed_seq_training.512.learning_rate is nan"
+    else:
+        config = {**json.load(open(TINY_DS)), "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "max_coeff": "@INF@"}}}
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(config).replace('"@INF@"', "1e400"))
+        args, key = [a if a != TINY_DS else str(path) for a in argv(data_root, tmp_path / "out")], \
+            "optimizer.params.max_coeff is inf"
+    line = run_expect_error(capsys, args)
+    assert str(path) in line and key in line and "not a finite number" in line, line
+    assert not (tmp_path / "out").exists()

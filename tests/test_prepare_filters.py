@@ -491,6 +491,9 @@ def test_every_stage_on_removing_nothing_gives_the_same_shards(planted, tmp_path
     (["--keep_filtered", "A_FILE"], "a file; expected a folder (made if missing)"),
     (["--no_near_dedup", "--keep_filtered", "KEPT"], "with every document stage off"),
     (["--languages", "de"], "every document was left out (near_dedup 6, language 40); loosen those settings"),
+    (["--chunk_size_mb", "nan"], "--chunk_size_mb nan: must be a positive finite number"),
+    (["--chunk_size_mb", "inf"], "--chunk_size_mb inf: must be a positive finite number"),
+    (["--vocab_sample_mb", "nan"], "--vocab_sample_mb nan: must be a positive finite number"),
 ])
 def test_bad_settings_and_evaluation_sets_are_one_error_line(planted, tmp_path, capsys, flags, expected):
     root, _, path, vocab = planted

@@ -169,3 +169,20 @@ def test_no_checkpoint_is_written_from_nonfinite_weights(data_root, tmp_path, ca
     assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
     train(data_root, tmp_path, "nvidia", "--auto_resume", "--max_steps", 1)
     assert all(v == v for _, v in losses(tmp_path))
+
+
+def test_a_checkpoint_whose_run_state_cannot_be_a_position_is_passed_over(data_root, tmp_path, capsys):
+    """A client state saying step -1000 (or nan seconds of training) would train at a negative LR
+    (or never let --max_train_hours stop the run): that checkpoint is passed over with a warning,
+    as a damaged one is, and the run resumes from the one before it."""
+    train(data_root, tmp_path, "nvidia", "--max_steps", 2, "--checkpoint_every_steps", 1)
+    states = tmp_path / "saved_models" / "tiny_bert" / "step2" / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False)
+    saved["last_global_step"] = -1000
+    torch.save(saved, states)
+    capsys.readouterr()
+    train(data_root, tmp_path, "nvidia", "--auto_resume", "--max_steps", 1)
+    err = capsys.readouterr().err
+    assert "step2 cannot be loaded (its client state holds last_global_step -1000: expected a whole number >= 0)" in err
+    assert "step1 instead of step2" in err
+    assert tags(tmp_path)[-1] == "step2" and "step-999" not in "".join(tags(tmp_path))

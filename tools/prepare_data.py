@@ -89,6 +89,7 @@ import argparse
 import filecmp
 import functools
 import logging
+import math
 import os
 import resource
 import sys
@@ -245,8 +246,8 @@ def validate_args(args):
             raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     if args.stage_workers is not None and args.stage_workers < 0:
         raise PrepareDataError(f"--stage_workers {args.stage_workers}: must be at least 0")
-    if args.chunk_size_mb <= 0:
-        raise PrepareDataError(f"--chunk_size_mb {args.chunk_size_mb}: must be positive")
+    if not 0 < args.chunk_size_mb < math.inf:
+        raise PrepareDataError(f"--chunk_size_mb {args.chunk_size_mb}: must be a positive finite number")
     if (args.vocab_file is None) == (args.build_vocab is None):
         raise PrepareDataError("give exactly one of --tokenizer TOKENIZER and --build_vocab N")
     if args.build_vocab is not None and args.build_vocab <= len(SPECIAL_TOKENS):
@@ -258,8 +259,8 @@ def validate_args(args):
                                "(a run with --build_vocab, or tools.prepare_data on a sample) and give --tokenizer")
     if args.min_document_words < 0:
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
-    if args.vocab_sample_mb <= 0:
-        raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be positive")
+    if not 0 < args.vocab_sample_mb < math.inf:
+        raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be a positive finite number")
     changed = [f"--{flag} {getattr(args, flag)}" for flag, default in (("near_dedup_bands", BANDS), ("near_dedup_rows", ROWS))
                if getattr(args, flag) != default]
     if changed and not args.near_dedup:

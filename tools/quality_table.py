@@ -40,7 +40,36 @@ def load(path):
     if not isinstance(results, dict) or not isinstance(results.get("random_init"), bool):
         kind = f"a JSON {type(results).__name__}" if not isinstance(results, dict) else "no 'random_init' in it"
         raise TableError(f"{path}: {kind}, not the results.json of tools/eval_mlm.py")
+    problem = _bad_score(results)
+    if problem:
+        raise TableError(f"{path}: {problem}; not scores tools/eval_mlm.py writes (score the model again)")
     return results
+
+
+def _bad_score(value, where=""):
+    """The first score in an eval_mlm results document that no scoring gives ('KEY is V, expected
+    ...'), or None: accuracies and their 95% intervals are shares in [0, 1], perplexities >= 1,
+    counts whole numbers >= 0. (NaN and Infinity are read_json's to refuse.)"""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = f"{where}.{key}" if where else key
+            if key == "accuracy" and not (number(item) and 0 <= item <= 1):
+                return f"{at} is {item!r}, expected a share in [0, 1]"
+            if key == "ci95" and not (isinstance(item, list) and len(item) == 2 and all(number(v) and 0 <= v <= 1
+                                                                                        for v in item)):
+                return f"{at} is {item!r}, expected [low, high] shares in [0, 1]"
+            if "perplexity" in key and not (number(item) and item >= 1):
+                return f"{at} is {item!r}, expected a number >= 1"
+            if key in ("pairs", "correct", "tokens", "masked_tokens") and not (
+                    isinstance(item, int) and not isinstance(item, bool) and item >= 0):
+                return f"{at} is {item!r}, expected a whole number >= 0"
+            found = _bad_score(item, at)
+            if found:
+                return found
+    return None
 
 
 # the scores the two results must both have or both lack: key, what it is, the flag that scores it

@@ -191,11 +191,14 @@ class Checkpointer:
                 why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
             else:
                 missing = RunState.missing_keys(client_state or {})
+                bad = RunState.bad_value(client_state) if client_state is not None else None
                 if client_state is None:
                     why = "DeepSpeed could not load it"
                 elif missing:
                     why = (f"its client state lacks {', '.join(missing)}: not written by this program or the "
                            f"original Bing BERT")
+                elif bad:
+                    why = f"its client state holds {bad}"
                 else:
                     if failed:
                         logger.warning("Resuming from %s instead of %s", folder, ", ".join(failed))

@@ -74,6 +74,8 @@ _NLI = ("entailment", "not_entailment")
 # Probe tasks (tools/make_probe_tasks.py): label strings of the probe pair tasks.
 PROBE_LABELS = {"probe_samedoc": ("different", "same"), "probe_order": ("reversed", "in_order")}
 
+REGRESSION_RANGE = (0.0, 5.0)   # STS-B's scores: similarity from 0 (none) to 5 (the same meaning)
+
 TASKS = {t.name: t for t in (
     # CoLA has no header: source, label, original annotation, sentence.
     Task("cola", "CoLA", (3,), 1, ("0", "1"), ("mcc",), header=False, fields=4),
@@ -202,6 +204,9 @@ def read_examples(path, task):
                 raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a number") from None
             if not math.isfinite(label):
                 raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is not a finite number")
+            if not REGRESSION_RANGE[0] <= label <= REGRESSION_RANGE[1]:   # (1e39 was inf in float32)
+                raise GlueError(f"{path}:{number}: label '{_quote(raw)}' is outside STS-B's similarity scale "
+                                f"[{REGRESSION_RANGE[0]:g}, {REGRESSION_RANGE[1]:g}]")
         elif raw in task.labels:
             label = task.labels.index(raw)
         else:

@@ -9,15 +9,20 @@ import os
 
 def read_json(path, what, error=ValueError, missing_error=None):
     """The parsed JSON file at `path`. A missing file raises `missing_error` (default `error`)
-    with "{path}: {what} not found"; bad JSON raises `error` with the line and column."""
+    with "{path}: {what} not found"; bad JSON raises `error` with the line and column, and a NaN or
+    Infinity anywhere in it (or a number too large for a float) `error` naming the key."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise (missing_error or error)(f"{path}: {what} not found")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            document = json.load(f)
     except json.JSONDecodeError as e:
         raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    found = _non_finite(document)     # Python's json takes NaN, Infinity and 1e400 (inf): strict JSON has none
+    if found:
+        raise error(f"{path}: {found[0]} is {found[1]}, not a finite number (JSON has no NaN or Infinity)")
+    return document
 
 
 def _non_finite(value, where=""):

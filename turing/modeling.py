@@ -144,9 +144,10 @@ class BertConfig:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise BertConfigError(f"bert_model_config: {key} must be in [0, 1), got {value!r}")
-        if not isinstance(self.initializer_range, (int, float)) or self.initializer_range <= 0:
+        if (isinstance(self.initializer_range, bool) or not isinstance(self.initializer_range, (int, float))
+                or not 0 < self.initializer_range < math.inf):
             raise BertConfigError(
-                f"bert_model_config: initializer_range must be > 0, got {self.initializer_range!r}")
+                f"bert_model_config: initializer_range must be a finite number > 0, got {self.initializer_range!r}")
 
     @classmethod
     def from_dict(cls, json_object):

@@ -6,6 +6,7 @@ RunState it counts its progress in, saved in every checkpoint.
 import dataclasses
 import logging
 import math
+import numbers
 import os
 from typing import Optional
 
@@ -77,6 +78,22 @@ class RunState:
     def missing_keys(cls, client):
         """The required client-state keys `client` lacks (not written by this program or the original)."""
         return [cls.CLIENT_KEYS[name] for name in cls.REQUIRED if cls.CLIENT_KEYS[name] not in client]
+
+    @classmethod
+    def bad_value(cls, client):
+        """The first client-state value that cannot be a run's position ('KEY V: expected ...'), or
+        None: every count a whole number >= 0, train_seconds a finite number >= 0 (a checkpoint
+        whose state says step -1000 or nan seconds would train at a negative LR or never stop)."""
+        for name, key in cls.CLIENT_KEYS.items():
+            if key not in client:
+                continue
+            value = client[key]
+            if name == "train_seconds":
+                if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+                    return f"{key} {value!r}: expected a finite number of seconds >= 0"
+            elif isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                return f"{key} {value!r}: expected a whole number >= 0"
+        return None
 
     @classmethod
     def from_client_state(cls, client):
@@ -325,6 +342,9 @@ def check_local_rank(args):
                          f"leave --local_rank to the launcher")
 
 
+MAX_DIST_TIMEOUT = 7 * 24 * 3600     # seconds: a week
+
+
 def _check_value(value, name, low, *, above=False, high=None, integer=False):
     """InputError unless `value` is a JSON/command-line number (an int where `integer`) in
     [low, high], or (low, high] where `above`. A quoted number ("0.01") is refused by name."""
@@ -369,8 +389,10 @@ def check_config_values(args):
     if args.max_seq_length > model_config.max_position_embeddings:
         raise InputError(f"--max_seq_length {args.max_seq_length} exceeds bert_model_config.max_position_embeddings "
                          f"{model_config.max_position_embeddings} of {args.config_file}")
-    _check_value(args.dist_timeout, "--dist_timeout", 0, above=True)
-    _check_value(args.lr_offset, "--lr_offset", -math.inf)  # any finite number: a NaN offset makes every weight NaN
+    # (torch holds a timeout in C ints of milliseconds: 1e300 s overflowed, 1e10 s was read as a lost rank)
+    _check_value(args.dist_timeout, "--dist_timeout", 0, above=True, high=MAX_DIST_TIMEOUT)
+    # added to every step's LR, which warmup starts at 0: a negative offset trains with a negative LR
+    _check_value(args.lr_offset, "--lr_offset", 0)
     if args.peak_tflops not in (None, MEASURE):
         try:
             args.peak_tflops = float(args.peak_tflops)
@@ -421,7 +443,7 @@ def check_recipe(args, training, where, config=None):
     if schedule is not None and schedule.time_budget and not args.max_train_hours:
         raise InputError(f"--lr_schedule {args.lr_schedule} follows the share of --max_train_hours spent; give "
                          f"--max_train_hours")
-    if args.validation_every_steps and not args.validation_data_path_prefix:
+    if args.validation_every_steps > 0 and not args.validation_data_path_prefix:
         raise InputError("--validation_every_steps needs a validation set (--validation_data_path_prefix)")
 
 
