@@ -481,3 +481,31 @@ def test_scores_that_are_not_finite_are_an_error_line_not_a_file(tiny, tmp_path,
     line = one_error_line(capsys.readouterr().err)
     assert f"{tmp_path / 'out' / 'pair_scores.jsonl'}:1: not written: pll_good is nan, not a finite number" in line
     assert {name: (tmp_path / "out" / name).read_text() for name in written} == written
+
+
+def test_a_run_stopped_between_its_two_files_leaves_no_results_json_of_other_scores(tiny, tmp_path, monkeypatch):
+    """Scoring again into a folder of earlier scores, stopped after pair_scores.jsonl and before
+    results.json: the earlier results.json (which quality_table reads) is gone, not left beside pair
+    scores it does not describe; the same command writes both."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl", some_pairs(4))
+    argv = ["--pairs", pairs, "--output_dir", str(tmp_path / "out")]
+    assert eval_mlm.main(["--model", tiny["job"], *argv, "--random_init"]) == 0
+    real = eval_mlm.write_atomic
+
+    class Killed(BaseException):
+        pass
+
+    def killed_after_the_first(path, text):
+        if path.endswith("results.json"):
+            raise Killed
+        real(path, text)
+
+    monkeypatch.setattr(eval_mlm, "write_atomic", killed_after_the_first)
+    with pytest.raises(Killed):
+        eval_mlm.main(["--model", tiny["job"], *argv])
+    assert not (tmp_path / "out" / "results.json").exists()
+    monkeypatch.undo()
+    assert eval_mlm.main(["--model", tiny["job"], *argv]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "out" / "pair_scores.jsonl").read_text().splitlines()]
+    assert results["random_init"] is False and results["minimal_pairs"]["correct"] == sum(r["correct"] for r in rows)

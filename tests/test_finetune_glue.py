@@ -319,6 +319,37 @@ def _rows(path):
         return [line.split("\t") for line in f.read().splitlines()[1:]]
 
 
+def test_probe_tasks_killed_while_moving_in_leave_no_part_of_a_suite_the_same_command_keeps(pretrained, tmp_path):
+    """SIGKILLed between moving one task folder in and the next: the same command clears the
+    half-installed suite (finetune_glue --task all would read one task as the whole suite) and the
+    staging folder, and writes the suite whole."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.launch import REPO
+    from tests.test_tool_errors import SLOW_RENAMES
+
+    argv = ["--input", pretrained["corpus"], "--train_size", "400", "--dev_size", "200", "--dev_fraction", "0.25"]
+    out = tmp_path / "probe"
+    child = subprocess.Popen([sys.executable, "-c", SLOW_RENAMES, "tools.make_probe_tasks", *argv, "--output_dir",
+                              str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    names = ("probe_swap", "probe_samedoc", "probe_order")
+    while not any((out / name).exists() for name in names):     # the first task folder moved in
+        assert time.time() < deadline and child.poll() is None
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert sum((out / name).exists() for name in names) < 3     # part of the suite, the rest still staged
+    assert make_probe_tasks.main([*argv, "--output_dir", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["probe_order", "probe_samedoc", "probe_swap"]
+    for name in os.listdir(out):
+        for split in ("train", "dev"):
+            assert (out / name / f"{split}.tsv").read_text() == \
+                open(os.path.join(pretrained["probe"], name, f"{split}.tsv")).read(), (name, split)
+
+
 def test_probe_suite_layout_split_and_determinism(pretrained, tmp_path, capsys):
     probe = pretrained["probe"]
     again = tmp_path / "again"

@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -193,6 +195,43 @@ def test_export_into_a_folder_with_files_needs_overwrite(tiny_run, tmp_path, cap
     assert (out / "data.csv").read_text() == "1,2\n"
     assert any("left in place, not written by this export: data.csv" in r.getMessage() for r in caplog.records)
     assert not [name for name in os.listdir(out) if name.startswith(".export_hf")]
+
+
+# a tool run in a child whose os.replace is slowed, so a SIGKILL lands between two of its renames
+SLOW_RENAMES = ("import os, runpy, sys, time\n"
+                "real = os.replace\n"
+                "def slow(a, b):\n"
+                "    real(a, b)\n"
+                "    time.sleep(1.0)\n"
+                "os.replace = slow\n"
+                "sys.argv = sys.argv[1:]\n"
+                "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+
+
+def test_an_export_killed_while_moving_its_files_in_leaves_no_mix_and_the_same_command_ends_it(tiny_run, tmp_path):
+    """--overwrite over an earlier export, SIGKILLed between two renames: the folder holds no weights
+    to be read with the new config (the earlier export's go first, the new ones last), and the same
+    command clears what the kill left (the staging folder, the half-moved files) and exports."""
+    out, fresh = tmp_path / "hf", tmp_path / "fresh"
+    argv = ["--checkpoint_dir", tiny_run["ckpt"], "--output_dir", str(out)]
+    assert export_hf.main(argv) == 0
+    assert export_hf.main(["--checkpoint_dir", tiny_run["ckpt"], "--output_dir", str(fresh)]) == 0
+    (out / "config.json").write_text('{"model_type": "earlier"}')     # an earlier export, told apart
+    child = subprocess.Popen([sys.executable, "-c", SLOW_RENAMES, "tools.export_hf", *argv, "--overwrite"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while json.loads((out / "config.json").read_text() or "{}").get("model_type") == "earlier":
+        assert time.time() < deadline and child.poll() is None
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)                                 # the new config is in, more to come
+    child.wait()
+    assert not (out / "model.safetensors").exists()
+    assert [name for name in os.listdir(out) if name.startswith(".export_hf.")]
+    assert export_hf.main(argv + ["--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == sorted(os.listdir(fresh))
+    for name in os.listdir(fresh):
+        if name != "README.md":                                       # (names the output folder)
+            assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
 
 
 TOOLS = sorted(name[:-3] for name in os.listdir(os.path.join(REPO, "tools"))

@@ -535,8 +535,9 @@ def report_lines(results):
 
 
 def write_results(output_dir, results, rows):
-    """pair_scores.jsonl (with pairs), then results.json, each whole or not at all. A score that is
-    not finite is an EvalError naming the file and the key, and then neither file is written."""
+    """pair_scores.jsonl (with pairs), then results.json, each whole or not at all (results.json, which
+    names the scores, last). A score that is not finite is an EvalError naming the file and the
+    key, and then neither file is written."""
     texts = []
     if rows is not None:
         path = results["minimal_pairs"]["pair_scores"]
@@ -544,6 +545,10 @@ def write_results(output_dir, results, rows):
                                     for n, r in enumerate(rows, start=1))))
     path = os.path.join(output_dir, "results.json")
     texts.append((path, json_text(results, path, EvalError)))
+    # an earlier results.json goes first: a kill between the two files must not leave it beside
+    # pair scores it does not describe (quality_table reads results.json)
+    if os.path.exists(path):
+        os.remove(path)
     for path, text in texts:
         write_atomic(path, text)
 

@@ -70,7 +70,7 @@ from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHI
                                postln_to_hf)
 from turing.jsonfile import read_json
 from turing.models import pretraining_model
-from turing.outputs import earlier_output
+from turing.outputs import clear_unfinished, earlier_output, install_staged
 from turing.pretrained import find_vocab_file, model_config_of
 from turing.job_config import config_vocab_size
 from turing.tokenization import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
@@ -317,9 +317,18 @@ def current_umask():
     return mask
 
 
+STAGING_PREFIX = ".export_hf."        # the folder an export is written in before it is moved into place
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
 def check_output_dir(output_dir, overwrite):
     """Refuse a non-empty --output_dir (it may hold another model's README.md or config.json)
-    unless --overwrite; returns what is there already."""
+    unless --overwrite; returns what is there already. What a killed export left (its staging
+    folder, the files of an install it did not finish) is cleared first."""
+    cleared = clear_unfinished(output_dir, STAGING_PREFIX)
+    if cleared:
+        logger.warning("%s: removed %s, left by an export that was stopped while moving them in", output_dir,
+                       ", ".join(cleared))
     return earlier_output(output_dir, overwrite, ExportError, "pass --overwrite to replace the export's files there, or give an empty or new folder")
 
 
@@ -360,7 +369,7 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
 
     # Written in a staging folder first, then moved in: the names replaced are exactly the export's.
     os.makedirs(output_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".export_hf.", dir=output_dir)
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir)
     try:
         hf_model.save_pretrained(staging)
         write_tokenizer_files(staging, tokenizer, config.max_position_embeddings,
@@ -372,7 +381,9 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
         mode = 0o666 & ~current_umask()  # safetensors writes its file 0600: readable as the umask says, like the rest
         for name in written:
             os.chmod(os.path.join(staging, name), mode)
-            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+        # the weights last (and an earlier export's first out): a kill between two renames leaves no
+        # folder that loads with the new config and the old weights; the same command clears it
+        install_staged(staging, output_dir, written, last=[n for n in written if n.endswith(WEIGHT_SUFFIXES)])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("Wrote %s (dropped: %s)", output_dir, ", ".join(dropped) or "the vocab padding rows only")

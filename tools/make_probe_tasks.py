@@ -48,7 +48,7 @@ from turing.errors import OneLineParser  # light (argparse only): before --help 
 from tools.prep.documents import DocumentReader, list_input_files
 from tools.prep.filters import recorded_split
 from turing.glue import PROBE_LABELS, TASKS
-from turing.outputs import earlier_output
+from turing.outputs import clear_unfinished, earlier_output, install_staged
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,13 @@ def write_task(folder, name, split, examples):
 
 
 def check_output_dir(output_dir, overwrite):
-    """What --output_dir holds already; refused unless it is empty, or --overwrite."""
+    """What --output_dir holds already; refused unless it is empty, or --overwrite. What a killed
+    run left (its staging folder, the task folders of an install it did not finish: never a part of
+    a suite read as the whole) is cleared first."""
+    cleared = clear_unfinished(output_dir, STAGING_PREFIX)
+    if cleared:
+        logger.warning("%s: removed %s, left by a run that was stopped while moving them in", output_dir,
+                       ", ".join(cleared))
     return earlier_output(output_dir, overwrite, ProbeError, "choose a new folder, or pass --overwrite to replace the probe tasks in it")
 
 
@@ -199,23 +205,17 @@ def install_tasks(output_dir, tasks):
     """Write {name: {split: examples}} as task folders under output_dir: into a staging folder
     beside them first, then each renamed into place (an earlier folder of the name is replaced)."""
     os.makedirs(output_dir, exist_ok=True)
-    for name in os.listdir(output_dir):  # the staging folder of a run that was killed
-        if name.startswith(STAGING_PREFIX):
-            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    clear_unfinished(output_dir, STAGING_PREFIX)   # (check_output_dir did, for a caller that did not call it)
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir)
     try:
+        folders = [TASKS[name].folder for name in tasks]
         for name, splits in tasks.items():
-            os.makedirs(os.path.join(staging, "new", name))
+            os.makedirs(os.path.join(staging, TASKS[name].folder))
             for split, examples in splits.items():
-                write_task(os.path.join(staging, "new", name), name, split, examples)
-        os.makedirs(os.path.join(staging, "old"))
-        replaced = []
-        for name in tasks:
-            final = os.path.join(output_dir, TASKS[name].folder)
-            if os.path.lexists(final):
-                replaced.append(f"{name} ({_examples_in(final)})")
-                os.replace(final, os.path.join(staging, "old", name))
-            os.replace(os.path.join(staging, "new", name), final)
+                write_task(os.path.join(staging, TASKS[name].folder), name, split, examples)
+        replaced = [f"{name} ({_examples_in(os.path.join(output_dir, folder))})"
+                    for name, folder in zip(tasks, folders) if os.path.lexists(os.path.join(output_dir, folder))]
+        install_staged(staging, output_dir, folders)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return replaced

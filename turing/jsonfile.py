@@ -48,7 +48,14 @@ def json_text(document, path, error=ValueError, indent=2):
 
 
 def write_json(path, document, error=ValueError):
-    """`document` in `path` as strict JSON (`json_text`); nothing is written when it is refused."""
+    """`document` in `path` as strict JSON (`json_text`), whole or not at all (a temporary file
+    renamed); nothing is written when it is refused."""
     text = json_text(document, path, error)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
