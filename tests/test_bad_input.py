@@ -197,7 +197,7 @@ def test_deepspeed_config_blocks_deepspeed_fails_on_late_are_one_line(capsys, da
 
 @pytest.mark.parametrize("change, expected", [
     ({"bert_model_config": "x"}, "'bert_model_config' must be a JSON object {...}, got a string"),
-    ({"mixed_seq_training": {"128": []}}, "'mixed_seq_training.128' must be a JSON object {...}, got a list"),
+    ({"mixed_seq_training": {"128": []}}, "'mixed_seq_training.128' must be a JSON object {...}, got an array"),
     ({"data": {"mixed_seq_datasets": "x"}}, "'data.mixed_seq_datasets' must be a JSON object {...} keyed by"),
 ])
 def test_job_config_values_of_the_wrong_type_are_one_line(capsys, data_root, tmp_path, change, expected):
@@ -206,7 +206,7 @@ def test_job_config_values_of_the_wrong_type_are_one_line(capsys, data_root, tmp
     assert str(cf) in line and expected in line, line
     top = write_json(tmp_path / "list.json", [tiny_config()])
     line = run_expect_error(capsys, argv(data_root, tmp_path / "out", top))
-    assert "the file must hold a JSON object {...}, got a list" in line, line
+    assert "the file must hold a JSON object {...}, got an array" in line, line
 
 
 def test_a_negative_validation_interval_is_refused(capsys, data_root, tmp_path):

@@ -203,9 +203,9 @@ def _examples_in(folder):
 
 def install_tasks(output_dir, tasks):
     """Write {name: {split: examples}} as task folders under output_dir: into a staging folder
-    beside them first, then each renamed into place (an earlier folder of the name is replaced)."""
+    beside them first, then moved into place (install_staged; an earlier folder of the name is
+    replaced). What a killed run left there is check_output_dir's to clear, before the work."""
     os.makedirs(output_dir, exist_ok=True)
-    clear_unfinished(output_dir, STAGING_PREFIX)   # (check_output_dir did, for a caller that did not call it)
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir)
     try:
         folders = [TASKS[name].folder for name in tasks]
@@ -276,8 +276,7 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
     replaced = install_tasks(output_dir, tasks)
     if replaced:
         logger.warning("--overwrite: replaced the earlier %s in %s", "; ".join(replaced), output_dir)
-    kept = [name for name in present if name not in {TASKS[t].folder for t in tasks}
-            and not name.startswith(STAGING_PREFIX)]
+    kept = [name for name in present if name not in {TASKS[t].folder for t in tasks}]
     if kept:
         logger.warning("%s: left in place, not written by make_probe_tasks: %s", output_dir, ", ".join(kept))
     return {name: {split: len(examples) for split, examples in splits_.items()} for name, splits_ in tasks.items()}

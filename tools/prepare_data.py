@@ -261,8 +261,8 @@ def validate_args(args):
         raise PrepareDataError(f"--min_document_words {args.min_document_words}: must be at least 0")
     if not 0 < args.vocab_sample_mb < math.inf:
         raise PrepareDataError(f"--vocab_sample_mb {args.vocab_sample_mb}: must be a positive finite number")
-    changed = [f"--{flag} {getattr(args, flag)}" for flag, default in (("near_dedup_bands", BANDS), ("near_dedup_rows", ROWS))
-               if getattr(args, flag) != default]
+    changed = [f"--{flag} {getattr(args, flag)}"
+               for flag, default in (("near_dedup_bands", BANDS), ("near_dedup_rows", ROWS)) if getattr(args, flag) != default]
     if changed and not args.near_dedup:
         raise PrepareDataError(f"{' and '.join(changed)} with --no_near_dedup: near duplicates are kept, so "
                                "there is nothing to set; drop one or the other")

@@ -61,7 +61,7 @@ def _bad_score(value, where=""):
             if key == "ci95" and not (isinstance(item, list) and len(item) == 2 and all(number(v) and 0 <= v <= 1
                                                                                         for v in item)):
                 return f"{at} is {item!r}, expected [low, high] shares in [0, 1]"
-            if "perplexity" in key and not (number(item) and item >= 1):
+            if "perplexity" in key and item is not None and not (number(item) and item >= 1):   # (None: no tokens)
                 return f"{at} is {item!r}, expected a number >= 1"
             if key in ("pairs", "correct", "tokens", "masked_tokens") and not (
                     isinstance(item, int) and not isinstance(item, bool) and item >= 0):

@@ -39,7 +39,7 @@ import torch
 
 from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError, UnsafeCheckpointError
 from turing.internals import numpy_reconstruct
-from turing.jsonfile import read_json
+from turing.jsonfile import _fsync, read_json, write_atomic  # noqa: F401 (write_atomic: re-exported)
 from turing.kernel_layout import from_transformer_kernel_layout
 
 logger = logging.getLogger(__name__)
@@ -51,32 +51,6 @@ WRITING_MARKER = "checkpoint_writing.json"  # in the folder before its engine fi
 ENGINE_FILE_SUFFIX = "model_states.pt"   # every DeepSpeed checkpoint has a *model_states.pt
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # torch: every torch.load weights-only, whatever it is asked
 TRUST_FLAG = "--trust_checkpoint"  # the user trusts the files: the full unpickler
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, text):
-    """`text` (str, written as UTF-8, or bytes) in `path`, whole or not at all, on disk: a
-    temporary file, fsync'ed, renamed."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            text = text.encode("utf-8") if isinstance(text, str) else text
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync(os.path.dirname(path))
-
 
 def sync_folder(folder):
     """fsync every file under `folder`, then the folders (so their new entries last too)."""

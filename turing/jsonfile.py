@@ -1,5 +1,6 @@
 """The project's JSON files: reading them (job, DeepSpeed, Hugging Face configs, results) with errors
-that name the file and, for a syntax error, the line and column; and writing results as strict JSON,
+that name the file and, for a syntax error, the line and column; writing a file whole or not at all
+(write_atomic, which every writer of results and markers uses); and writing results as strict JSON,
 which holds no NaN or Infinity (Python's json writes them as bare `NaN`, which strict parsers and
 other languages reject)."""
 import json
@@ -25,6 +26,15 @@ def read_json(path, what, error=ValueError, missing_error=None):
     return document
 
 
+_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+          dict: "an object", bytes: "binary data"}
+
+
+def json_kind(value):
+    """The kind of a value read from JSON (or Arrow), in JSON's words: null, a number, an array, ..."""
+    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
+
+
 def _non_finite(value, where=""):
     """(where, value) of the first NaN or Infinity in a JSON-able value, or None."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -48,14 +58,32 @@ def json_text(document, path, error=ValueError, indent=2):
 
 
 def write_json(path, document, error=ValueError):
-    """`document` in `path` as strict JSON (`json_text`), whole or not at all (a temporary file
-    renamed); nothing is written when it is refused."""
-    text = json_text(document, path, error)
+    """`document` in `path` as strict JSON (`json_text`), whole or not at all (write_atomic);
+    nothing is written when it is refused."""
+    write_atomic(path, json_text(document, path, error))
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, text):
+    """`text` (str, written as UTF-8, or bytes) in `path`, whole or not at all, on disk: a
+    temporary file, fsync'ed, renamed (checkpoint markers, results, every tool's output file)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "wb") as f:
+            text = text.encode("utf-8") if isinstance(text, str) else text
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
+    except OSError:
         if os.path.exists(tmp):
             os.remove(tmp)
+        raise
+    _fsync(os.path.dirname(path) or ".")

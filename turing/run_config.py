@@ -15,7 +15,7 @@ from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
 from turing.flops import MEASURE
 from turing.job_config import NSP_ARCHITECTURES, JobConfig, config_vocab_size
-from turing.jsonfile import read_json
+from turing.jsonfile import json_kind, read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
 from turing.modeling import BertConfigError, ModelOptions
 from turing.models import model_config_from_dict
@@ -111,16 +111,11 @@ def _require(config, keys, where):
     for i, key in enumerate(keys):
         if not isinstance(node, dict):
             what = f"'{'.'.join(keys[:i])}'" if i else "the file"
-            raise InputError(f"{where}: {what} must be a JSON object {{...}}, got {_json_kind(node)}")
+            raise InputError(f"{where}: {what} must be a JSON object {{...}}, got {json_kind(node)}")
         if key not in node:
             raise InputError(f"{where}: missing key '{'.'.join(keys[:i + 1])}'")
         node = node[key]
     return node
-
-
-def _json_kind(value):
-    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
-        type(value), "a number")
 
 
 def resolve_vocab_file(token_file, data_path_prefix, config_file):
@@ -159,24 +154,24 @@ def complete_arguments(args):
     added to `args` after this: the run reads its RunConfig."""
     config = _read_json(args.config_file, "job config (--cf)")
     if not isinstance(config, dict):
-        raise InputError(f"{args.config_file}: the file must hold a JSON object {{...}}, got {_json_kind(config)}")
-    for key in ("bert_model_config", "data", "mixed_seq_training"):
-        if key in config and not isinstance(config[key], dict):
-            raise InputError(f"{args.config_file}: '{key}' must be a JSON object {{...}}, got {_json_kind(config[key])}")
+        raise InputError(f"{args.config_file}: the file must hold a JSON object {{...}}, got {json_kind(config)}")
+    if "bert_model_config" in config and not isinstance(config["bert_model_config"], dict):   # (read before _require's)
+        raise InputError(f"{args.config_file}: 'bert_model_config' must be a JSON object {{...}}, got "
+                         f"{json_kind(config['bert_model_config'])}")
     seq = str(args.max_seq_length)
     datasets = _require(config, ["data", "mixed_seq_datasets"], args.config_file)
     training = _require(config, ["mixed_seq_training"], args.config_file)
     for name, table in (("data.mixed_seq_datasets", datasets), ("mixed_seq_training", training)):
         if not isinstance(table, dict):
             raise InputError(f"{args.config_file}: '{name}' must be a JSON object {{...}} keyed by sequence length, "
-                             f"got {_json_kind(table)}")
+                             f"got {json_kind(table)}")
         if seq not in table:
             raise InputError(f"{args.config_file}: {name} has no entry for --max_seq_length {seq}; "
                              f"entries: {', '.join(sorted(table))}")
     for name, table in (("data.mixed_seq_datasets", datasets), ("mixed_seq_training", training)):
         if not isinstance(table[seq], dict):
             raise InputError(f"{args.config_file}: '{name}.{seq}' must be a JSON object {{...}}, got "
-                             f"{_json_kind(table[seq])}")
+                             f"{json_kind(table[seq])}")
     config["data"]["datasets"] = datasets[seq]
     config["training"] = training[seq]
     for key in ("num_epochs", "learning_rate", "warmup_proportion", "total_training_steps"):
@@ -230,7 +225,7 @@ def check_ds_config(ds_config, path):
     from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
     if not isinstance(ds_config, dict):
-        raise InputError(f"{path}: the file must hold a JSON object {{...}}, got {_json_kind(ds_config)}")
+        raise InputError(f"{path}: the file must hold a JSON object {{...}}, got {json_kind(ds_config)}")
     opt = ds_config.get("optimizer")
     if opt is not None:
         if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
@@ -242,7 +237,7 @@ def check_ds_config(ds_config, path):
                              f"{', '.join(DEEPSPEED_OPTIMIZERS)} (any case), or a torch.optim class name")
         params = opt.get("params", {})
         if not isinstance(params, dict):
-            raise InputError(f"{path}: optimizer.params must be a JSON object {{...}}, got {_json_kind(params)}")
+            raise InputError(f"{path}: optimizer.params must be a JSON object {{...}}, got {json_kind(params)}")
         for key in ("lr", "weight_decay", "eps"):
             if key in params and not _is_number(params[key]):
                 raise InputError(f"{path}: optimizer.params.{key} must be a number, got {params[key]!r}")

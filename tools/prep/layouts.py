@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tools.prep import CorpusError
+from turing.jsonfile import json_kind  # noqa: F401 (tools/prep's readers take it from here)
 
 logger = logging.getLogger(__name__)
 
@@ -249,15 +250,6 @@ def _check_inside(root, path, what):
     if not real.startswith(root):
         raise CorpusError(f"{what} is {real}, outside the dataset folder: a folder is read from its own files only "
                           "(refused)")
-
-
-_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-          dict: "an object", bytes: "binary data"}
-
-
-def json_kind(value):
-    """The kind of a value read from JSON (or Arrow), in JSON's words: null, a number, an array, ..."""
-    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
 
 
 def _hf_offline():
