@@ -181,11 +181,11 @@ def test_fp16_refused_on_cpu(capsys, data_root, tmp_path):
 @pytest.mark.parametrize("change, expected", [
     ({"optimizer": {"type": "Adamm", "params": {"lr": 1e-3}}}, "optimizer type 'Adamm' is not one DeepSpeed builds"),
     ({"optimizer": "AdamW"}, 'optimizer must be an object {"type": NAME, "params": {...}}'),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": "0.001"}}}, "optimizer.params.lr must be a number, got '0.001'"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "0.001"}}}, "optimizer.params.lr must be a number, got the string '0.001' (remove the quotes)"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9]}}}, "optimizer.params.betas must be two"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "bogus_param": 1}}},
      "DeepSpeed could not build the engine from it (TypeError: "),
-    ({"gradient_clipping": "1.0"}, "gradient_clipping must be a number >= 0 (0: none), got '1.0'"),
+    ({"gradient_clipping": "1.0"}, "gradient_clipping (0: none) must be a number, got the string '1.0' (remove the quotes)"),
     ({"zero_optimization": {"stage": 9}}, 'zero_optimization must be an object with "stage" 0, 1, 2 or 3'),
 ])
 def test_deepspeed_config_blocks_deepspeed_fails_on_late_are_one_line(capsys, data_root, tmp_path, change, expected):

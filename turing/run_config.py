@@ -238,24 +238,21 @@ def check_ds_config(ds_config, path):
         params = opt.get("params", {})
         if not isinstance(params, dict):
             raise InputError(f"{path}: optimizer.params must be a JSON object {{...}}, got {json_kind(params)}")
-        for key in ("lr", "weight_decay", "eps"):
-            if key in params and not _is_number(params[key]):
-                raise InputError(f"{path}: optimizer.params.{key} must be a number, got {params[key]!r}")
+        for key in ("lr", "weight_decay", "eps"):      # (their ranges are DeepSpeed's to refuse, by name)
+            if key in params:
+                _check_value(params[key], f"{path}: optimizer.params.{key}", -math.inf)
         betas = params.get("betas", [0.9, 0.999])
-        if not (isinstance(betas, list) and len(betas) == 2 and all(map(_is_number, betas))):
+        if not (isinstance(betas, list) and len(betas) == 2):
             raise InputError(f"{path}: optimizer.params.betas must be two numbers [beta1, beta2], got {betas!r}")
-    clip = ds_config.get("gradient_clipping")
-    if clip is not None and not (_is_number(clip) and clip >= 0):
-        raise InputError(f"{path}: gradient_clipping must be a number >= 0 (0: none), got {clip!r}")
+        for i, beta in enumerate(betas):
+            _check_value(beta, f"{path}: optimizer.params.betas[{i}]", -math.inf)
+    if ds_config.get("gradient_clipping") is not None:
+        _check_value(ds_config["gradient_clipping"], f"{path}: gradient_clipping (0: none)", 0)
     zero = ds_config.get("zero_optimization")
     if zero is not None:
         stage = zero.get("stage", 0) if isinstance(zero, dict) else None
         if not isinstance(zero, dict) or isinstance(stage, bool) or stage not in (0, 1, 2, 3):
             raise InputError(f'{path}: zero_optimization must be an object with "stage" 0, 1, 2 or 3, got {zero!r}')
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def settings_from_pretrained(args, config):
