@@ -20,14 +20,19 @@ The training loop reads an epoch as an iterator of batches, from a position:
         provider.prefetch_batch()                # keep the prefetch window full
     provider.release_shard(index)
 
-Also here: how the providers' helper processes (DataLoader workers, the shard-reading process)
-treat the stop signals, which both providers share.
+A provider is built as `Provider(args)`, the original's call, and reads the run through
+`DataSettings.of(args)`. Also here: how the providers' helper processes (DataLoader workers, the
+shard-reading process) treat the stop signals, which both providers share.
 """
 import contextlib
 import dataclasses
+import numbers
 import signal
+from typing import Optional
 
 from turing.epoch_plan import EpochPlan, remap_epoch  # noqa: F401 (the providers' names for them)
+from turing.errors import InputValueError
+from turing.job_config import JobConfig, job_config_of
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -63,6 +68,47 @@ def stop_signals_held():
 
 
 @dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """What a provider reads of a run, typed, built once by `of` from the run's settings: the
+    trainer's RunConfig, or the original's `args` (construct_arguments' after
+    prepare_model_optimizer, or one its users build with the same attribute names). The one place
+    the original's `args` is read on the data side; the providers read only these fields."""
+    job: JobConfig                    # datasets (data.mixed_seq_datasets.<seq>) and the training section
+    data_path_prefix: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    seed: int
+    local_rank: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    # what one format reads (an `args` built for the other may lack it)
+    vocab_file: Optional[str] = None  # the tokenizer (Bing shards hold token strings)
+    vocab_size: Optional[int] = None  # the model's rows: NVIDIA token ids are checked against it (None: not)
+    refresh_bucket_size: int = 1      # the Bing provider's; the flag's default
+
+    COUNTS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "refresh_bucket_size")
+
+    def __post_init__(self):
+        for name in self.COUNTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise InputValueError(f"args.{name} must be a positive int; got {value!r}")
+
+    @classmethod
+    def of(cls, run):
+        """The settings of `run` (DataSettings: itself); an attribute it lacks is one error line."""
+        if isinstance(run, cls):
+            return run
+        fields = [f for f in dataclasses.fields(cls) if f.name != "job"]
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING and not hasattr(run, f.name)]
+        if missing:
+            raise InputValueError(f"the run's settings lack {', '.join('args.' + n for n in missing)}: a provider "
+                                  f"is built as Provider(args) from construct_arguments' args once "
+                                  f"prepare_model_optimizer has run, or from the trainer's RunConfig")
+        return cls(job=job_config_of(run), **{f.name: getattr(run, f.name) for f in fields if hasattr(run, f.name)})
+
+
+@dataclasses.dataclass(frozen=True)
 class ValidationSettings:
     """What a validation set is read with (`validation_dataset`'s `args`), for a caller without a
     run (tools/eval_mlm.py); the trainer passes its RunConfig, which has the same five."""
@@ -76,7 +122,7 @@ class ValidationSettings:
 class BertDatasetProviderInterface:
     """A data format: its training shards (built as `Provider(args)`, then per epoch get_shard,
     get_batch, ...) and its validation set (`validation_dataset`). The formats the training
-    script knows are listed in deepspeed_train.DATA_FORMATS."""
+    script knows are listed in data_formats.DATA_FORMATS."""
 
     @staticmethod
     def holds_validation_set(path):

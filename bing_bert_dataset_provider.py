@@ -12,7 +12,6 @@ seeded from (seed, epoch[, rank, dataset]), so an epoch can start at any micro b
 (`get_shard(index, start_batch=k)`) and yield exactly what an uninterrupted run would.
 """
 import logging
-import numbers
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
@@ -21,15 +20,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, ignore_stop_signals, remap_epoch,
-                                   stop_signals_held)
+from bert_dataset_provider import (BertDatasetProviderInterface, DataSettings, EpochPlan, ignore_stop_signals,
+                                   remap_epoch, stop_signals_held)
 from data_worker import AsyncWorker, DataExhaustedError
 from turing.dataset import (BingPretrainDataset, BingShard, VocabIndex,
                             epoch_sample_order, open_validation_dataset, tokenize_shard)
 from turing.dataset import main as dataset_main
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import BING_SHARD_FILES, holds_bing_validation
-from turing.job_config import job_config_of
 from turing.tokenization import load_tokenizer
 from turing.process import get_rank_and_world
 
@@ -99,13 +97,14 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
     """Provider for `deepspeed_train.py` without --use_nvidia_dataset; built as `Provider(args)`."""
 
     def __init__(self, args):
-        self.micro = _positive(args, "train_micro_batch_size_per_gpu")
-        self.grad_accum = _positive(args, "gradient_accumulation_steps")
-        self.refresh_bucket_size = _positive(args, "refresh_bucket_size")
-        self.seed = args.seed
-        self.max_seq_length = args.max_seq_length
-        self.max_predictions_per_seq = args.max_predictions_per_seq
-        job = job_config_of(args)
+        settings = DataSettings.of(args)
+        self.micro = settings.train_micro_batch_size_per_gpu
+        self.grad_accum = settings.gradient_accumulation_steps
+        self.refresh_bucket_size = settings.refresh_bucket_size
+        self.seed = settings.seed
+        self.max_seq_length = settings.max_seq_length
+        self.max_predictions_per_seq = settings.max_predictions_per_seq
+        job = settings.job
         self.num_workers = job.training.num_workers
         # "async_worker": true turns the worker on; false (or no key) leaves it off
         self.use_async_worker = job.training.async_worker
@@ -115,7 +114,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self.rank, self.world = get_rank_and_world()
 
         datasets = job.datasets
-        prefix = args.data_path_prefix or ""
+        prefix = settings.data_path_prefix or ""
         self.dataset_folders = {}
         for dataset_type, key in DATASET_CONFIG_KEYS.items():
             if key in datasets:
@@ -130,7 +129,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
                            "(e.g. wiki_pretrain_dataset alone) to train it once", " and ".join(named),
                            next(iter(named.values())), len(named))
 
-        self.vocab = load_tokenizer(args.vocab_file)   # the tokenizer: its token strings -> ids, special ids
+        self.vocab = load_tokenizer(settings.vocab_file)   # the tokenizer: its token strings -> ids, special ids
         self.vocab_index = VocabIndex(self.vocab)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._prefetched = {}  # shard folder -> Future of its TokenizedShard
@@ -321,13 +320,6 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self.release_shard(self.open_epoch)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._prefetched.clear()
-
-
-def _positive(args, name):
-    value = getattr(args, name, None)
-    if not isinstance(value, numbers.Integral) or value < 1:
-        raise InputValueError(f"args.{name} must be a positive int; got {value!r}")
-    return value
 
 
 if __name__ == "__main__":

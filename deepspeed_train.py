@@ -31,40 +31,41 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bing_bert_dataset_provider import BingBertDatasetProvider
-from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
-from turing.batch import Batch, collate_batch
+from data_formats import DATA_FORMATS, validation_format  # noqa: F401 (DATA_FORMATS: importable from here too)
+from turing.arch import spec_of, training_flops
+from turing.batch import collate_batch
 from turing.checkpoint import resume_candidates
 from turing.checkpointer import Checkpointer, JobLock, check_output_shared, resume_source, universal_source, \
     write_engine_checkpoint
 from turing.clock import TrainClock
 from turing.distributed import agreed_min, all_ranks, all_reduce, is_collective_failure, setup_process_group
 from turing.errors import InputError, StopTraining
-from turing.flops import bert_training_flops, peak_tflops
+from turing.flops import peak_tflops
 from turing.heldout import warn_if_validation_trained
 from turing.kernel_probe import check_transformer_kernel
 from turing.lamb import build_lamb_if_needed, find_lamb_coeffs
 from turing.job_config import JobConfig, job_config_of
 from turing.lr_schedule import lr_factor
-from turing.modeling import (BertConfig, masked_lm_loss_of_scores, precision_of, pretraining_loss,
-                             transformer_kernel_settings)
+from turing.model_options import precision_of
+from turing.modeling import BertConfig, transformer_kernel_settings
 from turing.models import BertMultiTask
 from turing.optim_groups import NO_DECAY_NAMES, decay_groups  # noqa: F401 (NO_DECAY_NAMES: importable from here too)
 from turing.pretrained import check_job_settings, load_into, locate, read_weights
 from turing.reporting import Reporter, write_metrics
-from turing.run_config import ONEBIT_OPTIMIZERS, RunConfig, RunState, complete_arguments, pld_setting
+from turing.run_config import ONEBIT_OPTIMIZERS, RunConfig, complete_arguments, pld_setting
+from turing.run_state import RunState
 from turing.shard_tokenizer import check_shard_tokenizer
 from turing.signals import StopSignals
 from turing.tokenization import load_tokenizer
+from turing.validation import FIELDS as VALIDATION_FIELDS, batch_totals, scores_of
 from utils import Ranks, get_argument_parser, is_time_to_exit, set_seeds
 
 logger = logging.getLogger("bing_bert")
 
 
-# The data formats: name -> provider (a module at the repository root). Training reads the format
-# the job config's data.format names, else the original's switch: --use_nvidia_dataset "nvidia",
-# without it "bing". A validation folder is read by the format that recognises it.
-DATA_FORMATS = {"nvidia": NvidiaBertDatasetProvider, "bing": BingBertDatasetProvider}
+# The data formats (data_formats.DATA_FORMATS: name -> provider). Training reads the format the job
+# config's data.format names, else the original's switch: --use_nvidia_dataset "nvidia", without it
+# "bing". A validation folder is read by the format that recognises it.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +122,8 @@ def train_job(args):
     open_output_folder(cfg)
     check_output_shared(cfg)
     with JobLock(cfg):  # before anything else is written there
-        cfg.model.check()                # e.g. the CUDA-only transformer kernel, before any work
+        # what the architecture's block refuses, the CUDA-only transformer kernel, ...: before any work
+        cfg.model.for_block(spec_of(cfg.job.architecture).model)
         if cfg.model.deepspeed_transformer_kernel:
             probe_transformer_kernel(cfg)
         check_optimizer_support(cfg)     # 1-bit / fp16 / offload need CUDA
@@ -195,7 +197,7 @@ def check_run_inputs(cfg, provider):
     validating = bool(cfg.validation_data_path_prefix) and not cfg.finetune
     validation_folder = os.path.join(cfg.validation_data_path_prefix, _validation_path(cfg)) if validating else None
     # prepare_data's record of the tokenizer beside the shards (none: shards of another tool, trained as they are)
-    check_shard_tokenizer(load_tokenizer(cfg.vocab_file),
+    check_shard_tokenizer(load_tokenizer(cfg.vocab_file, cfg.do_lower_case),
                           provider.training_folders() + ([validation_folder] if validating else []))
     validation_set = None
     if validating:
@@ -215,15 +217,11 @@ def open_validation_set(cfg):
     if not os.path.isdir(path):
         raise InputError(f"{path}: validation folder not found (validation.path under "
                          f"--validation_data_path_prefix)")
-    claimed = [name for name, provider in DATA_FORMATS.items() if provider.holds_validation_set(path)]
-    if not claimed:
-        raise InputError(f"{path}: holds no validation set of a known format (NVIDIA .hdf5 files, or Bing shard "
-                         f"folders with data.npy); validation.path under --validation_data_path_prefix")
-    return DATA_FORMATS[claimed[0]].validation_dataset(path, cfg)
+    return validation_format(path, "validation.path under --validation_data_path_prefix").validation_dataset(path, cfg)
 
 
 def _validation_path(cfg):
-    path = job_config_of(cfg).validation_path
+    path = cfg.job.validation_path
     if path is None:
         raise InputError(f"{cfg.config_file}: missing key 'validation.path' (needed with "
                          f"--validation_data_path_prefix)")
@@ -416,7 +414,7 @@ def start_session(cfg, model, optimizer, validation_set=None):
     state = RunState(seq_length=cfg.max_seq_length, micro_batch=cfg.train_micro_batch_size_per_gpu,
                      grad_accum=cfg.gradient_accumulation_steps, world=cfg.ranks.world)
     clock = TrainClock()
-    flops = bert_training_flops(model.config, cfg.max_seq_length, cfg.max_predictions_per_seq)
+    flops = training_flops(model.config, cfg.max_seq_length, cfg.max_predictions_per_seq)
     reporter = Reporter(cfg, clock, flops,
                         lambda again=False: peak_tflops(model.network.device, precision_of(cfg.ds_config),
                                                         cfg.peak_tflops, again))
@@ -544,8 +542,8 @@ def optimizer_step(session, micro_batches, steps_left=lambda: None):
         handle_nonfinite(cfg, state, engine, session.optimizer, reporter, session.checkpointer)
     else:
         state.nonfinite_in_a_row = 0
-        lr = update_learning_rate(cfg, cfg.config, state.global_step, session.optimizer, state.rewarmup_offset,
-                                  budget_fraction(cfg, session.clock, state, engine.device))
+        lr = set_learning_rate(cfg, cfg.job.training, state.global_step - state.rewarmup_offset, session.optimizer,
+                               budget_fraction(cfg, session.clock, state, engine.device))
         warn_when_the_schedule_has_ended(cfg, state, reporter, lr)
         engine.step()
         state.global_step += 1
@@ -696,16 +694,20 @@ def learning_rate(cfg, training, step, budget_fraction=None):
     return training.learning_rate * lr_factor(cfg.lr_schedule, step, training, budget_fraction) + cfg.lr_offset
 
 
-def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
-    """The original's call: set the LR of every param group for this optimizer step (all
-    precisions) by --lr_schedule and --lr_offset (learning_rate) from the job config `config`;
-    returns it."""
-    training = (job_config_of(args) if config is getattr(args, "config", None)
-                else JobConfig.from_resolved(config)).training
-    lr = learning_rate(args, training, current_global_step - rewarmup_offset, budget_fraction)
+def set_learning_rate(cfg, training, step, optimizer, budget_fraction=None):
+    """Set the LR of every param group for optimizer step `step` (counted from the warmup start;
+    all precisions) by learning_rate; returns it."""
+    lr = learning_rate(cfg, training, step, budget_fraction)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
+
+
+def update_learning_rate(args, config, current_global_step, optimizer, rewarmup_offset=0, budget_fraction=None):
+    """The original's call: set_learning_rate from the job config dict `config` (its training
+    section, read as the program reads it) and `args`' --lr_schedule and --lr_offset; returns it."""
+    return set_learning_rate(args, JobConfig.from_resolved(config).training, current_global_step - rewarmup_offset,
+                             optimizer, budget_fraction)
 
 
 def warn_when_the_schedule_has_ended(cfg, state, reporter, lr):
@@ -750,38 +752,28 @@ class Validator:
 
 
 def validation_scores(cfg, model, dataset):
-    """(loss, MLM accuracy, NSP accuracy or None) of `model` on `dataset`, over all ranks."""
+    """(loss, MLM accuracy, NSP accuracy or None) of `model` on `dataset`, over all ranks: the
+    original's Validation/Loss, the mean over batches (turing.validation names both averages)."""
     loader = get_dataloader(cfg, dataset, eval_set=True)
     model.eval()
     device = model.network.device
-    # loss sum, batches, MLM correct, masked tokens, NSP correct, sequences
-    totals = torch.zeros(6, dtype=torch.float64, device=device)
+    totals = torch.zeros(len(VALIDATION_FIELDS), dtype=torch.float64, device=device)
+    nsp = cfg.next_sentence_prediction   # off: there may be no NSP head (the modernbert architecture)
     with torch.no_grad():
         for batch in loader:
             batch = model.move_batch(batch)
             # One forward for the scores (for the accuracies); the loss is the model's, in fp32.
             scores, nsp_scores = model.network(batch._replace(masked_lm_labels=None))
-            labels = batch.masked_lm_labels
-            masked = labels != -1
-            loss = pretraining_loss(masked_lm_loss_of_scores(scores, labels),
-                                    nsp_scores.float() if cfg.next_sentence_prediction else None,
-                                    batch.next_sentence_labels)
-            correct = (scores.argmax(-1) == labels) & masked
-            # (without next_sentence_prediction there may be no NSP head: the modernbert architecture)
-            nsp_correct = (nsp_scores.argmax(-1) == batch.next_sentence_labels if cfg.next_sentence_prediction
-                           else torch.zeros(0, dtype=torch.bool, device=device))
-            totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device),
-                                   correct.sum().double(), masked.sum().double(),
-                                   nsp_correct.sum().double(),
-                                   torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+            masked = batch.masked_lm_labels != -1
+            totals += batch_totals(scores[masked], batch.masked_lm_labels[masked], len(batch.masked_lm_labels),
+                                   nsp_scores if nsp else None, batch.next_sentence_labels)
     all_reduce(totals)
-    if totals[5] == 0:
+    if totals[VALIDATION_FIELDS.index("sequences")] == 0:
         raise InputError(f"{os.path.join(cfg.validation_data_path_prefix, _validation_path(cfg))}: the validation "
                          f"set has no sequences (validation.path under --validation_data_path_prefix)")
     model.train()
-    loss, mlm_acc, nsp_acc = (totals[[0, 2, 4]] / totals[[1, 3, 5]].clamp(min=1)).tolist()
-    # without next_sentence_prediction the NSP head is not trained: its accuracy means nothing
-    return loss, mlm_acc, nsp_acc if cfg.next_sentence_prediction else None
+    scores = scores_of(totals, nsp)
+    return scores["loss"], scores["mlm_accuracy"], scores["nsp_accuracy"]
 
 
 def get_dataloader(args, dataset, eval_set=False):
@@ -795,14 +787,10 @@ def get_dataloader(args, dataset, eval_set=False):
     else:
         sampler = SequentialSampler(dataset)
     # its own generator: building the iterator must not draw from the global torch RNG
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=_as_batch,
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
                       generator=torch.Generator().manual_seed(args.seed))
 
 
-def _as_batch(items):
-    if isinstance(items, Batch):
-        return items
-    return collate_batch(items)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,12 +13,11 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
-from bert_dataset_provider import (BertDatasetProviderInterface, EpochPlan, ignore_stop_signals, remap_epoch,
-                                   stop_signals_held)
+from bert_dataset_provider import (BertDatasetProviderInterface, DataSettings, EpochPlan, ignore_stop_signals,
+                                   remap_epoch, stop_signals_held)
 from turing.batch import Batch, BatchType
 from turing.errors import InputFileNotFoundError, InputValueError
 from turing.formats import HDF5_KEYS, HDF5_SUFFIXES, check_hdf5_shard, holds_nvidia_validation, read_hdf5_shard
-from turing.job_config import job_config_of
 from turing.process import get_rank_and_world, set_seeds
 from turing.shard_prefetch import ShardPrefetch
 
@@ -112,19 +111,20 @@ def shard_file_index(epoch, rank, world, num_files):
 
 class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
     def __init__(self, args):
+        settings = DataSettings.of(args)
         self.rank, self.world = get_rank_and_world()
-        self.local_rank = max(args.local_rank, 0)
-        self.seed = args.seed
-        self.micro_batch = args.train_micro_batch_size_per_gpu
-        self.grad_accum = getattr(args, "gradient_accumulation_steps", 1)
-        job = job_config_of(args)
+        self.local_rank = max(settings.local_rank, 0)
+        self.seed = settings.seed
+        self.micro_batch = settings.train_micro_batch_size_per_gpu
+        self.grad_accum = settings.gradient_accumulation_steps
+        job = settings.job
         self.num_workers = job.training.num_workers
-        self.vocab_size = getattr(args, "vocab_size", None)
-        self.max_seq_length = getattr(args, "max_seq_length", None)
-        folder = os.path.join(args.data_path_prefix, job.datasets["pretrain_dataset"])
+        self.vocab_size = settings.vocab_size
+        self.max_seq_length = settings.max_seq_length
+        folder = os.path.join(settings.data_path_prefix, job.datasets["pretrain_dataset"])
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
-        random.Random(args.seed).shuffle(self.files)
+        random.Random(settings.seed).shuffle(self.files)
         # check_shards() opens every shard this rank reads before the model is built.
         self.num_epochs = job.training.num_epochs or len(self.files)
         self._future = None          # (epoch, ShardPrefetch) of the shard being read in the background

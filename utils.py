@@ -29,8 +29,9 @@ def get_argument_parser():
         help="sequence length; selects the '128'/'512' entries of the job config")
     add("--max_predictions_per_seq", "--max_pred", dest="max_predictions_per_seq", type=int, default=80,
         help="cap on masked positions per sequence")
-    add("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
-        help="lower-case text and strip accents in the tokenizer")
+    add("--do_lower_case", dest="do_lower_case", action="store_true", default=None,
+        help="lower-case text and strip accents in the tokenizer (the default, unless the tokenizer_config.json "
+             "beside the vocab.txt says do_lower_case false)")
     add("--no_lower_case", dest="do_lower_case", action="store_false",
         help="keep case and accents (cased vocab)")
     add("--data_path_prefix", default="", help="prefix joined to the dataset paths of the job config")

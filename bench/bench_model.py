@@ -78,7 +78,7 @@ sys.path.insert(0, REPO)
 from bench.common import append_json_lines, load_average, machine_description  # noqa: E402
 from testkit import reference_model  # noqa: E402
 from turing.modeling import BertConfig  # noqa: E402
-from turing.models import pretraining_model  # noqa: E402
+from turing.arch import pretraining_model  # noqa: E402
 
 logger = logging.getLogger("bench_model")
 

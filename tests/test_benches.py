@@ -142,3 +142,29 @@ def test_bench_train_gpu(tmp_path):
     (pure,) = json_lines(tmp_path / "gpu" / f"model_{name}.jsonl")
     assert record["pure_step_samples_per_s"] == pure["samples_per_s"]
     assert record["trainer_over_pure_step"] == round(record["samples_per_s"] / record["pure_step_samples_per_s"], 3)
+
+
+def test_bench_finetune(tmp_path):
+    """A general set made here (synthetic documents, a 300-token vocab), a 1-layer stock model with
+    random weights, one probe task of 48 examples, one seed, one epoch of each stack."""
+    from testkit.corpora import synthetic_documents, write_text_docs
+    from tools import prepare_data
+
+    write_text_docs(str(tmp_path / "general.txt"), synthetic_documents(80))
+    assert prepare_data.main(["--input", str(tmp_path / "general.txt"), "--input_format", "text_docs", "--output_dir",
+                              str(tmp_path / "general"), "--build_vocab", "300", "--validation_fraction", "0.2"]) == 0
+    out = bench(tmp_path, "bench_finetune.py", "--tiny", "--work", tmp_path / "work", "--general", tmp_path / "general",
+                "--output", tmp_path / "finetune.jsonl")
+    (record,) = json_lines(tmp_path / "finetune.jsonl")
+    (task,) = record["tasks"]
+    assert task["task"] == "probe_swap" and "| probe_swap (accuracy) |" in out
+    # both stacks trained on the very same files, with the same seeds, as many steps each
+    assert task["same_files"] and task["seeds"] == {"ours": [0], "hf": [0]}
+    assert task["steps_per_seed"] == -(-task["train_examples"] // 16)          # one epoch of batches of 16
+    assert task["same_tokens"]["examples"] == task["train_examples"] + task["dev_examples"]
+    for who in ("ours", "hf"):
+        score = task["score"][who]
+        assert len(score["scores"]) == 1 and all(0 <= x <= 1 for x in [*score["scores"], *score["interval"]])
+        assert 0 <= score["accuracy"] <= 1
+        assert task["samples_per_s"][who] > 0
+    assert task["samples_per_s"]["ours_over_hf"] > 0

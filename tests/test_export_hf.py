@@ -19,8 +19,10 @@ from testkit.synthetic import SPECIALS, make_data_root  # noqa: E402
 from tools import export_hf  # noqa: E402
 from turing.checkpoint import load_checkpoint_state  # noqa: E402
 from turing.errors import CheckpointNotFoundError, ConversionError  # noqa: E402
-from turing.hf_convert import (HF_MISSING_KEYS, PADDED_ROW_BIAS, hf_to_ours, is_hf_folder, load_hf_folder,  # noqa: E402
-                               ours_to_hf)
+from turing.arch.bert.hf import HF_MISSING_KEYS, hf_to_ours, ours_to_hf  # noqa: E402
+from turing.arch.hf_common import PADDED_ROW_BIAS  # noqa: E402
+from turing.hf_folder import load_hf_folder  # noqa: E402
+from turing.model_path import is_hf_folder  # noqa: E402
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
 

@@ -6,8 +6,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from turing.batch import Batch
-from turing.flops import bert_training_flops, peak_tflops, table_peak_tflops
-from turing.models import ARCHITECTURES, model_config_from_dict
+from turing.arch import ARCHITECTURES, model_config_from_dict, training_flops
+from turing.flops import peak_tflops, table_peak_tflops
 
 
 def config(hidden, layers, intermediate, vocab, heads=2, architecture="bert"):
@@ -15,7 +15,7 @@ def config(hidden, layers, intermediate, vocab, heads=2, architecture="bert"):
                                    "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
                                    "intermediate_size": intermediate, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
                                    "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 64,
-                                   "type_vocab_size": 2, "initializer_range": 0.02})
+                                   "initializer_range": 0.02})   # each architecture's default token types
 
 
 def test_hand_count_of_a_tiny_config():
@@ -23,13 +23,13 @@ def test_hand_count_of_a_tiny_config():
     #   Q, K, V, output projections 4 x 2*3*4*4 = 384; feed-forward 2 x 2*3*4*8 = 384;
     #   Q K^T and scores x V 2 x 2*3*3*4 = 144; MLM transform + decoder on 2 rows 2 x (32 + 80) = 224;
     #   pooler 32 + NSP 16 = 48. Forward 1184, training 3 x 1184.
-    assert bert_training_flops(config(4, 1, 8, 10), seq_length=3, predictions=2) == 3 * 1184
+    assert training_flops(config(4, 1, 8, 10), seq_length=3, predictions=2) == 3 * 1184
 
 
-@pytest.mark.parametrize("architecture", ["bert", "bert_postln"])  # the post-LN block: the same matmuls
+@pytest.mark.parametrize("architecture", ["bert", "bert_postln", "roberta"])  # each spec's own formula
 def test_the_count_equals_torchs_flop_counter_on_a_training_step(architecture):
     cfg = config(64, 2, 256, 96, architecture=architecture)
-    model = ARCHITECTURES[architecture][1](cfg)
+    model = ARCHITECTURES[architecture].model(cfg)
     batch_size, length, predictions = 4, 32, 5
     ids = torch.randint(5, 96, (batch_size, length))
     labels = torch.full((batch_size, length), -1)
@@ -39,7 +39,7 @@ def test_the_count_equals_torchs_flop_counter_on_a_training_step(architecture):
     # the math backend runs attention as matmuls the counter sees
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(batch).backward()
-    assert counter.get_total_flops() == batch_size * bert_training_flops(cfg, length, predictions)
+    assert counter.get_total_flops() == batch_size * training_flops(cfg, length, predictions)
 
 
 def test_peaks_of_known_devices_and_the_override():

@@ -20,18 +20,18 @@ def imported_modules(path):
     return names
 
 
-def test_the_library_imports_no_script_above_it():
-    folder = os.path.join(REPO, "turing")
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
-    assert len(files) > 20
-    upward = {f: sorted(imported_modules(os.path.join(folder, f)) & ROOT_MODULES) for f in files}
-    assert {f: names for f, names in upward.items() if names} == {}
-
-
 def python_files(folder):
     """The .py files below `folder` (sub-packages too), as paths relative to it."""
     return sorted(os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder)
                   for name in names if name.endswith(".py"))
+
+
+def test_the_library_imports_no_script_above_it():
+    folder = os.path.join(REPO, "turing")
+    files = python_files(folder)   # turing/arch/NAME/ too
+    assert len(files) > 20 and "arch/bert/hf.py" in files
+    upward = {f: sorted(imported_modules(os.path.join(folder, f)) & ROOT_MODULES) for f in files}
+    assert {f: names for f, names in upward.items() if names} == {}
 
 
 def test_no_tool_imports_the_trainer():
@@ -70,17 +70,19 @@ def test_the_pipeline_stages_import_no_tool_above_them():
 
 
 def test_one_way_to_open_a_trained_model():
-    """The trainer's --use_pretrain and the tools read a trained model through turing/pretrained.py:
-    none of them reads an export's or a state dict file's weights itself, or fakes a run config
-    to borrow the trainer's reader. (tools/export_hf.py reads the checkpoint it converts whole,
-    with its job config and arguments.)"""
+    """The trainer's --use_pretrain, BertMultiTask.load and every tool read a trained model through
+    turing/pretrained.py: no other module reads a checkpoint's, an export's or a state dict file's
+    weights itself (the readers' own modules, turing/checkpoint.py and turing/hf_folder.py, define
+    them), or fakes a run config to borrow the trainer's reader."""
     readers = {}
-    for folder in ("tools", "."):
-        for name in sorted(os.listdir(os.path.join(REPO, folder))):
-            path = os.path.join(REPO, folder, name)
-            if name.endswith(".py") and name != "pretrained.py":
-                text = open(path, encoding="utf-8").read()
-                readers[os.path.join(folder, name)] = [call for call in ("load_hf_folder(", "read_state_dict_file(",
-                                                                         "load_pretrained_weights(SimpleNamespace")
-                                                       if call in text and f"def {call}" not in text]
+    calls = ("load_hf_folder(", "hf_folder_config(", "read_state_dict_file(", "load_checkpoint_state(",
+             "load_pretrained_weights(SimpleNamespace")
+    owners = {os.path.join("turing", name) for name in ("pretrained.py", "checkpoint.py", "hf_folder.py")}
+    for folder in ("tools", ".", "turing", os.path.join("turing", "arch")):
+        for name in python_files(os.path.join(REPO, folder)) if folder != "." else sorted(os.listdir(REPO)):
+            path = os.path.normpath(os.path.join(folder, name))
+            if name.endswith(".py") and path not in owners:
+                text = open(os.path.join(REPO, path), encoding="utf-8").read()
+                readers[path] = [call for call in calls if call in text and f"def {call}" not in text]
+    assert len(readers) > 60
     assert {f: calls for f, calls in readers.items() if calls} == {}

@@ -21,7 +21,7 @@ from tests.launch import TINY_CFG, TINY_DS, start, tiny_args, train_in_process, 
 from testkit.launcher import REPO, launch_env, train_cmd
 from turing.checkpoint import COMPLETE_MARKER, WRITING_MARKER, complete_tags, resume_candidates
 from turing.errors import InputError
-from turing.run_config import RunState
+from turing.run_state import RunState
 from turing.tb_events import read_run
 
 JOB = "tiny_bert"

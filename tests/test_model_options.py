@@ -18,7 +18,8 @@ from torch import nn
 from tests.launch import ds_config, plain_model_from_checkpoint, train_in_process, train_losses
 from turing.errors import ConversionError
 from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
-from turing.modeling import LAYER_NORM_EPS, BertConfig, BertForPreTrainingPreLN, check_model_flags
+from turing.model_options import check_model_flags
+from turing.modeling import LAYER_NORM_EPS, BertConfig, BertForPreTrainingPreLN
 
 VOCAB = 96
 SEQ = 64

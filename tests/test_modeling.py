@@ -12,7 +12,8 @@ from testkit import reference_model
 from turing.batch import Batch, BatchType
 from turing.modeling import BertConfig, BertConfigError, BertForPreTrainingPreLN
 from turing.speedups import LinearCrossEntropy, dropout
-from turing.models import BertMultiTask, CheckpointError
+from turing.models import BertMultiTask
+from turing.pretrained import ModelSourceError
 
 VOCAB, HIDDEN, LAYERS, HEADS, INTER, SEQ, BATCH = 96, 64, 2, 4, 128, 32, 4
 
@@ -434,7 +435,7 @@ def test_multitask_load_names_the_file_on_mismatch(multitask_args, tmp_path):
     del state["cls.seq_relationship.bias"]
     path = tmp_path / "bad.pt"
     torch.save(state, path)
-    with pytest.raises(CheckpointError, match="bad.pt.*cls.seq_relationship.bias.*bert.extra.weight"):
+    with pytest.raises(ModelSourceError, match="bad.pt.*cls.seq_relationship.bias.*bert.extra.weight"):
         model.load(str(path))
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         model.load(str(tmp_path / "missing.pt"))
@@ -446,7 +447,7 @@ def test_the_builders_speedups_swap_modules_and_keep_keys_and_values():
     cross-entropy); with dropout, the same keep rate from the cheaper mask."""
     import copy
 
-    from turing.models import pretraining_model
+    from turing.arch import pretraining_model
     from turing.speedups import CPUAttention, Dropout, FusedMaskedLMLoss, apply_speedups
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The modernbert architecture (turing/modern.py): the model against transformers' ModernBERT
+"""The modernbert architecture (turing/arch/modernbert/): the model against transformers' ModernBERT
 logit by logit, its sliding window, unpadding, FlexAttention's block mask and FLOP count; then a
 tiny modern config through the real program: it trains, validates, checkpoints and resumes bit
 for bit mid-epoch (1 rank in process, 2 ranks through the launcher), exports to
@@ -23,11 +23,13 @@ from tests.launch import TINY_CFG, ds_config, expect_input_error, tiny_args, tra
 from tools import export_hf, finetune_glue  # noqa: E402
 from turing.batch import Batch  # noqa: E402
 from turing.checkpoint import load_checkpoint_state  # noqa: E402
-from turing.flops import attended_pairs, bert_training_flops  # noqa: E402
-from turing.hf_convert import hf_to_modern, load_hf_folder, modern_to_hf  # noqa: E402
-from turing.modeling import ModelOptions  # noqa: E402
-from turing.models import model_config_from_dict, pretraining_model  # noqa: E402
-from turing.modern import FULL, SLIDING, ModernConfig, ModernForPreTraining  # noqa: E402
+from turing.arch import training_flops  # noqa: E402
+from turing.flops import attended_pairs  # noqa: E402
+from turing.arch.modernbert.hf import hf_to_modern, modern_to_hf  # noqa: E402
+from turing.hf_folder import load_hf_folder  # noqa: E402
+from turing.model_options import ModelOptions  # noqa: E402
+from turing.arch import model_config_from_dict, pretraining_model  # noqa: E402
+from turing.arch.modernbert.model import FULL, SLIDING, ModernConfig, ModernForPreTraining  # noqa: E402
 from turing.pretrained import load_into, read_weights  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 from turing.tokenization import BertTokenizer  # noqa: E402
@@ -172,7 +174,7 @@ def test_flops_equal_torchs_counter(length, local_attention):
     batch = Batch(zeros, ids, torch.ones_like(ids), torch.zeros_like(ids), zeros, labels)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(batch).backward()
-    ours = bert_training_flops(config, length, predictions)
+    ours = training_flops(config, length, predictions)
     outside = length * length - attended_pairs(length, local_attention // 2)
     assert counter.get_total_flops() == batch_size * (ours + 3 * 2 * 4 * 32 * outside)  # 2 sliding layers
     assert (outside == 0) == (length <= local_attention // 2 + 1)
@@ -180,7 +182,7 @@ def test_flops_equal_torchs_counter(length, local_attention):
     assert attended_pairs(3, 1) == 7 and attended_pairs(3, 5) == 9
     one_layer = ModernConfig(10, hidden_size=4, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
                              max_position_embeddings=8)
-    assert bert_training_flops(one_layer, 3, 2) == 3 * (8 * 3 * 16 + 6 * 3 * 4 * 8 + 4 * 4 * 9 + 2 * (32 + 80))
+    assert training_flops(one_layer, 3, 2) == 3 * (8 * 3 * 16 + 6 * 3 * 4 * 8 + 4 * 4 * 9 + 2 * (32 + 80))
 
 
 def test_progressive_layer_drop_applies():
@@ -204,12 +206,12 @@ def test_config_keys_and_refused_options():
     assert model_config_from_dict({"vocab_size_or_config_json_file": 96}).architecture == "bert"  # the default
     with pytest.raises(ValueError, match="'hidden_act' is the original BERT's; use hidden_activation"):
         model_config_from_dict({**TINY_MODERN, "hidden_act": "gelu"})
-    with pytest.raises(ValueError, match="architecture 'roberta' is not one of bert, modernbert"):
-        model_config_from_dict({**TINY_MODERN, "architecture": "roberta"})
+    with pytest.raises(ValueError, match="architecture 'albert' is not one of bert, modernbert"):
+        model_config_from_dict({**TINY_MODERN, "architecture": "albert"})
     for key, value in (("global_rope_theta", float("inf")), ("norm_eps", float("nan")), ("local_rope_theta", 0)):
         with pytest.raises(ValueError, match=f"{key} must be a finite number > 0, got {value!r}"):
             model_config_from_dict({**TINY_MODERN, key: value})
-    modern = ModelOptions(architecture="modernbert", next_sentence_prediction=False)
+    modern = ModelOptions(next_sentence_prediction=False)
     for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
         with pytest.raises(ValueError, match=f"--{flag} does not apply to bert_model_config.architecture"):
             ModernForPreTraining(config, SimpleNamespace(**{flag: True}))

@@ -88,7 +88,8 @@ def test_provider_epochs_and_background_prefetch(tmp_path):
     for i, n in enumerate((40, 24)):
         write_nvidia_shard(str(tmp_path / "train" / f"s_training_shard{i}.hdf5"), make_instances(n, 32, seed=i),
                            vocab, 32)
-    args = argparse.Namespace(local_rank=-1, seed=7, train_micro_batch_size_per_gpu=8, data_path_prefix=str(tmp_path),
+    args = argparse.Namespace(local_rank=-1, seed=7, train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=1,
+                              max_seq_length=32, max_predictions_per_seq=20, data_path_prefix=str(tmp_path),
                               vocab_size=96, config={"data": {"datasets": {"pretrain_dataset": "train"}},
                                                      "training": {"num_workers": 0}})
     provider = NvidiaBertDatasetProvider(args)

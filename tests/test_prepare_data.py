@@ -223,7 +223,8 @@ def test_nvidia_provider_reads_the_shards(nvidia_out, data):
     from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
 
     args = types.SimpleNamespace(
-        local_rank=-1, seed=1, train_micro_batch_size_per_gpu=8, data_path_prefix=str(nvidia_out),
+        local_rank=-1, seed=1, train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=1, max_seq_length=64,
+        max_predictions_per_seq=20, data_path_prefix=str(nvidia_out),
         config={"training": {"num_workers": 0}, "data": {"datasets": {"pretrain_dataset": "train"}}})
     provider = NvidiaBertDatasetProvider(args)
     try:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from tests.launch import TINY_CFG, ds_config, plain_model_from_checkpoint, train_losses
 from tests.launch import train_in_process as train
+from turing.job_config import JobConfig
 from turing.tb_events import read_run
 
 
@@ -52,7 +53,7 @@ def test_nsp_off_trains_the_mlm_loss_only_in_bf16_and_exports(data_root, tmp_pat
     # The logged validation loss is the MLM loss alone (with NSP it would be about 0.69 higher).
     mlm_only = plain_model_from_checkpoint(out).eval()
     mlm_only.next_sentence_prediction = False
-    args = Namespace(validation_data_path_prefix=valid_prefix(data_root), config=json.load(open(cf)),
+    args = Namespace(validation_data_path_prefix=valid_prefix(data_root), job=JobConfig.from_resolved(json.load(open(cf))),
                      config_file=str(cf), vocab_size=mlm_only.config.vocab_size, train_micro_batch_size_per_gpu=16,
                      seed=0, max_seq_length=128)
     loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)

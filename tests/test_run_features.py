@@ -13,7 +13,8 @@ import torch
 
 from tests.launch import TINY_CFG, ds_config, plain_model_from_checkpoint, train_losses
 from tests.launch import train_in_process as train
-from turing.flops import bert_training_flops
+from turing.arch import training_flops
+from turing.job_config import JobConfig
 from turing.tb_events import read_run
 
 
@@ -75,7 +76,7 @@ def test_metrics_in_tensorboard(data_root, tmp_path):
     # MFU = sequences/s x FLOPs per sequence (of this model: turing.flops) / peak of the device
     (_, peak), = values["Train/peak_TFLOPs_per_device"]
     (_, flops), = values["Train/FLOPs_per_sequence"]
-    assert flops == bert_training_flops(plain_model_from_checkpoint(tmp_path / "out").config, 128, 20)
+    assert flops == training_flops(plain_model_from_checkpoint(tmp_path / "out").config, 128, 20)
     assert [v for _, v in values["Train/MFU"]] == pytest.approx([r * flops / (peak * 1e12)
                                                                  for _, r in values["Train/samples_per_s"]])
     for tag in ("Validation/Loss", "Validation/MLM_accuracy", "Validation/NSP_accuracy"):
@@ -89,7 +90,7 @@ def test_validation_loss_is_the_models_loss_over_the_validation_set(data_root, t
     valid = os.path.join(data_root, "nvidia", "128")
     train(data_root, tmp_path / "out", ds_config(tmp_path), "--validation_data_path_prefix", valid)
     model = plain_model_from_checkpoint(tmp_path / "out").eval()            # the weights after epoch 2
-    args = SimpleNamespace(validation_data_path_prefix=valid, config=json.load(open(TINY_CFG)),
+    args = SimpleNamespace(validation_data_path_prefix=valid, job=JobConfig.from_resolved(json.load(open(TINY_CFG))),
                            config_file=TINY_CFG, vocab_size=model.config.vocab_size,
                            train_micro_batch_size_per_gpu=16, seed=0, max_seq_length=128)
     loader = deepspeed_train.get_dataloader(args, deepspeed_train.open_validation_set(args), eval_set=True)

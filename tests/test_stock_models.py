@@ -2,7 +2,7 @@
 small configs (random weights, `save_pretrained` with safetensors, a WordPiece vocab.txt written by
 the test, or a byte-level BPE tokenizer.json trained on the spot: tests/test_stock_tokenizers.py)
 of the classes we import:
-BertForMaskedLM and BertForPreTraining (the bert_postln block, turing/postln.py),
+BertForMaskedLM and BertForPreTraining (the bert_postln block, turing/arch/bert_postln/),
 RobertaPreLayerNormForMaskedLM (our pre-LN block) and ModernBertForMaskedLM. Each is opened by
 turing.pretrained, exported back without training with the stock model's logits, trained a few
 steps by the real program with a job config that names only the folder (without dropout, its first
@@ -31,11 +31,12 @@ from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from turing.batch import Batch  # noqa: E402
 from turing.checkpoint import complete_tags  # noqa: E402
 from turing.errors import InputValueError  # noqa: E402
-from turing.hf_convert import PADDED_ROW_BIAS  # noqa: E402
-from turing.modeling import BertForPreTrainingPreLN, ModelOptions  # noqa: E402
-from turing.models import model_config_from_dict, pretraining_model  # noqa: E402
-from turing.modern import ModernForPreTraining  # noqa: E402
-from turing.postln import BertForPreTrainingPostLN, PostLNConfig  # noqa: E402
+from turing.arch.hf_common import PADDED_ROW_BIAS  # noqa: E402
+from turing.model_options import ModelOptions  # noqa: E402
+from turing.modeling import BertForPreTrainingPreLN  # noqa: E402
+from turing.arch import model_config_from_dict, pretraining_model  # noqa: E402
+from turing.arch.modernbert.model import ModernForPreTraining  # noqa: E402
+from turing.arch.bert_postln.model import BertForPreTrainingPostLN, PostLNConfig  # noqa: E402
 from turing.pretrained import open_trained, read_weights  # noqa: E402
 from turing.speedups import CPUAttention, Dropout, FusedMaskedLMLoss  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
@@ -182,6 +183,53 @@ def test_import_then_export_gives_the_stock_models_logits(kind, folders, tmp_pat
         assert close(nsp, their_nsp)[1]
 
 
+BARE_CLASSES = {"bert_mlm": "BertModel", "roberta": "RobertaPreLayerNormModel", "modernbert": "ModernBertModel"}
+
+
+@needs_transformers
+@pytest.mark.parametrize("kind", list(BARE_CLASSES))
+@pytest.mark.parametrize("prefixed", [False, True], ids=["as_saved", "prefixed"])
+def test_a_bare_encoder_opens_with_a_fresh_head_named_in_one_warning(kind, prefixed, data_root, tmp_path, caplog):
+    """A headless folder (the bare encoder class, as embedding models are published; its keys as
+    save_pretrained writes them, or under the masked-LM class's prefix) opens: the encoder is the
+    folder's (our final hidden states equal transformers' last_hidden_state), the masked-LM head is
+    created as transformers creates it (the decoder tied to the word embeddings, a zero bias), and
+    one warning line names the fresh tensors."""
+    folder = tmp_path / kind
+    torch.manual_seed(0)
+    bare = getattr(transformers, BARE_CLASSES[kind])(hf_config(kind))
+    bare.save_pretrained(str(folder), safe_serialization=True)
+    if prefixed:   # the keys of an encoder saved from inside its masked-LM class
+        prefix = {"bert_mlm": "bert.", "roberta": "roberta_prelayernorm.", "modernbert": "model."}[kind]
+        tensors = load_file(str(folder / "model.safetensors"))
+        save_file({prefix + k: v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    lines = open(data_root / "vocab.txt", encoding="utf-8").read().splitlines() + EXTRA
+    (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
+    trained = open_trained(str(folder))
+    assert trained.architecture == ARCHITECTURE[kind] and not trained.nsp_head
+    with caplog.at_level("WARNING", logger="turing.pretrained"):
+        ours = trained.build().eval()
+    fresh = [r.getMessage() for r in caplog.records if "start fresh" in r.getMessage()]
+    head = {"bert_mlm": "cls.predictions.transform.dense.weight", "roberta": "cls.predictions.transform.dense_act.weight",
+            "modernbert": "cls.head.dense.weight"}[kind]
+    assert len(fresh) == 1 and head in fresh[0] and str(folder) in fresh[0], fresh
+    batch = padded_batch()
+    real = batch.input_mask.bool()
+    types = {} if kind == "modernbert" else {"token_type_ids": batch.segment_ids}
+    with torch.no_grad():
+        theirs = bare.eval()(input_ids=batch.input_ids, attention_mask=batch.input_mask, **types).last_hidden_state
+        hidden = ours.encode(batch.input_ids, batch.segment_ids, batch.input_mask)
+        scores, _ = ours.predict(batch.input_ids, batch.segment_ids, batch.input_mask)
+    assert close(hidden[real], theirs[real])[1]
+    bias = "cls.decoder.bias" if kind == "modernbert" else "cls.predictions.bias"
+    assert (ours.state_dict()[bias][:VOCAB_REAL] == 0).all()
+    word, decoder = (("bert.embeddings.tok_embeddings.weight", "cls.decoder.weight") if kind == "modernbert" else
+                     ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"))
+    state = ours.state_dict()
+    assert state[decoder].data_ptr() == state[word].data_ptr()   # tied: one tensor
+    assert torch.isfinite(scores).all()
+
+
 @needs_transformers
 def test_early_bert_checkpoints_layer_norm_names_and_tied_copies_are_read(folders, tmp_path):
     """bert-base-uncased's model.safetensors names its LayerNorms gamma/beta, as early BERT
@@ -217,7 +265,7 @@ def _edit_config(folder, **changes):
     ("bert_mlm", {"hidden_act": "gelu_new"}, "hidden_act 'gelu_new' is not one this block computes"),
     ("bert_mlm", {"architectures": ["BertForSequenceClassification"]}, "architectures "
                                                                        "['BertForSequenceClassification']"),
-    ("bert_mlm", {"model_type": "roberta"}, "config.json model_type 'roberta' is not one this project imports"),
+    ("bert_mlm", {"model_type": "deberta-v2"}, "config.json model_type 'deberta-v2' is not one this project imports"),
     ("bert_mlm", {"pad_token_id": 1}, "config.json pad_token_id is 1, but [PAD] is id 0 of vocab.txt"),
     ("bert_mlm", {"vocab_size": 98}, "vocab.txt has 99 tokens, config.json vocab_size is 98"),
     ("roberta", {"layer_norm_eps": 1e-5}, "layer_norm_eps 1e-05 differs from our model's 1e-12"),
@@ -237,15 +285,17 @@ def test_what_we_do_not_compute_is_one_error_line(kind, change, expected, folder
 
 
 @needs_transformers
-def test_a_pickled_folder_is_refused_unread(folders, tmp_path):
+def test_a_pytorch_model_bin_that_is_not_a_torch_file_is_one_error_line(folders, tmp_path):
+    """pytorch_model.bin is read weights-only (tests/test_published_weights.py: as safetensors, and
+    the pickles that would run code refused)."""
     folder = tmp_path / "pickled"
     folder.mkdir()
     (folder / "config.json").write_bytes((folders["bert_mlm"] / "config.json").read_bytes())
-    (folder / "pytorch_model.bin").write_bytes(b"not read: a pickle could run code")
+    (folder / "pytorch_model.bin").write_bytes(b"not a torch file")
     for reader in (open_trained, read_weights):
-        with pytest.raises(InputValueError, match="the weights are in pytorch_model.bin only, a pickle, which this "
-                                                  "project never unpickles; re-save them with safetensors"):
+        with pytest.raises(InputValueError) as error:
             reader(str(folder))
+        assert str(error.value).startswith(f"{folder / 'pytorch_model.bin'}: not a readable torch"), str(error.value)
 
 
 def byte_level_bpe(folder, size):
@@ -325,9 +375,9 @@ def test_postln_is_built_with_the_speedups_and_bert_stays_the_default():
 def test_postln_refuses_what_it_does_not_run(flag):
     with pytest.raises(ValueError, match=f"--{flag} does not apply to bert_model_config.architecture 'bert_postln'"):
         BertForPreTrainingPostLN(small_postln(), SimpleNamespace(**{flag: True}))
-    ModelOptions(architecture="bert_postln", next_sentence_prediction=True).check()  # it has an NSP head
+    ModelOptions(next_sentence_prediction=True).for_block(BertForPreTrainingPostLN)  # it has an NSP head
     with pytest.raises(ValueError, match="'modernbert' has no next-sentence head"):
-        ModelOptions(architecture="modernbert", next_sentence_prediction=True).check()
+        ModelOptions(next_sentence_prediction=True).for_block(ModernForPreTraining)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,10 +526,8 @@ def test_trained_checkpoint_exports_to_its_stock_class_and_fine_tunes(stock_run,
      "bert_model_config differs from {folder}/config.json: attention_probs_dropout_prob 0.1 (the folder's 0.0), "
      "hidden_dropout_prob 0.1 (the folder's 0.0), layer_norm_eps 1e-12 (the folder's 1e-07); leave "
      "bert_model_config out to take the folder's"),
-    ({"bert_token_file": "vocab.txt"}, "bert_token_file {data}/vocab.txt is not {folder}/vocab.txt (their contents "
-                                       "differ); leave bert_token_file out to take the folder's"),
-    ({"training": {"next_sentence_prediction": True}}, "next_sentence_prediction is true, but {folder} has no "
-                                                       "next-sentence head (a BertForMaskedLM)"),
+    ({"bert_token_file": "vocab.txt"}, "bert_token_file {data}/vocab.txt is not the tokenizer of {folder}/vocab.txt: "
+                                       "vocab size 96 (the folder's 99); leave bert_token_file out to take the folder's"),
 ])
 def test_job_config_values_that_differ_from_the_folder_are_one_error_line(job, expected, folders, data_root,
                                                                           tmp_path, capsys):

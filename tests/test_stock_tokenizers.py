@@ -355,8 +355,9 @@ def test_shards_of_another_tokenizer_are_refused_in_one_line(folders, prepared, 
     ours = folders["bert_mlm"] / "vocab.txt"
     assert line.startswith(f"error: {data / record_name()}: the shards in {data} were made with tokenizer "
                     f"{folders['modernbert']} (sha256 {digest[:12]}), not with this run's {ours} (sha256 "
-                    f"{file_digest(ours)[:12]}); train with the shards' tokenizer (the job config's bert_token_file, "
-                    f"or the model folder's), or make the shards again with tools/prepare_data.py --tokenizer {ours}"), line
+                    f"{file_digest(ours)[:12]}): a WordPiece model (the shards' BPE); train with the shards' tokenizer "
+                    f"(the job config's bert_token_file, or the model folder's), or make the shards again with "
+                    f"tools/prepare_data.py --tokenizer {ours}"), line
     assert not (tmp_path / "out" / "saved_models").exists() or not os.listdir(tmp_path / "out" / "saved_models"
                                                                               / "tiny_bert")
 

@@ -268,3 +268,29 @@ def test_help_is_answered_before_the_slow_imports(tool):
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "argparse" in imported and not imported & {"torch", "deepspeed", "transformers"}
     assert "Setting accelerator" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("tool, work, argv", [
+    ("export_hf", "export", ["--checkpoint_dir", "c", "--output_dir", "o"]),
+    ("eval_mlm", "evaluate", ["--model", "m", "--output_dir", "o"]),
+    ("finetune_glue", "finetune", ["--model", "m", "--data_dir", "d", "--task", "all", "--output_dir", "o"]),
+    ("plot_run", "plot_runs", ["run"]),
+    ("make_minimal_pairs", "make_minimal_pairs", ["--heldout", "h", "--output", "o.jsonl"]),
+    ("make_probe_tasks", "make_probe_tasks", ["--input", "i", "--output_dir", "o"]),
+    ("quality_table", "load", ["--pretrained", "p", "--random_init", "r"]),
+    ("glue_table", "load_run", ["run"]),
+])
+def test_a_bug_in_a_tool_keeps_its_traceback(tool, work, argv, monkeypatch, capsys):
+    """Every tool's main reports bad input (an InputError, an OSError) in one line, and nothing
+    else: a bug (here a ValueError planted where the tool does its work) propagates with its
+    traceback instead of printing as a user error with exit code 2."""
+    import importlib
+
+    module = importlib.import_module(f"tools.{tool}")
+
+    def planted(*args, **kwargs):
+        raise ValueError("a planted bug")
+    monkeypatch.setattr(module, work, planted)
+    with pytest.raises(ValueError, match="a planted bug"):
+        module.main(argv)
+    assert "error:" not in capsys.readouterr().err

@@ -70,7 +70,8 @@ def build_parser():
                                   "pseudo-log-likelihood, MLM scores on held-out text beside the "
                                   "unigram baseline.")
     p.add_argument("--model", required=True,
-                   help="checkpoint folder (job folder or tag folder), state dict file, or Hugging Face export")
+                   help="checkpoint folder (job folder or tag folder), state dict file, Hugging Face folder, or "
+                        "the id of a model in the local Hugging Face cache (ORG/NAME; never downloaded)")
     p.add_argument("--pairs", nargs="+", default=[], metavar="FILE.jsonl",
                    help="minimal-pair files in BLiMP's jsonl layout (sentence_good, sentence_bad, UID, pairID)")
     p.add_argument("--text", default=None, help="held-out plain text: every token masked in turn")
@@ -108,40 +109,38 @@ import torch
 from torch.utils.data import DataLoader
 
 from bert_dataset_provider import ValidationSettings
-from bing_bert_dataset_provider import BingBertDatasetProvider
-from nvidia_bert_dataset_provider import NvidiaBertDatasetProvider
+from data_formats import validation_format
 from tools.prep.documents import JSON_TOO_DEEP, not_text
 from turing.batch import Batch, collate_batch
-from turing.checkpoint import resolve_checkpoint_tag_dir, step_of, write_atomic
-from turing.errors import InputError
-from turing.hf_convert import is_hf_folder
+from turing.checkpoint import write_atomic
+from turing.errors import InputError, InputValueError, tool_exit
 from turing.jsonfile import json_text
 from turing.outputs import content_sha256
-from turing.pretrained import load_into, open_trained, read_weights
+from turing.pretrained import TrainedModel, open_trained, resolve_model_path
 from turing.process import set_seeds
 from turing.shard_tokenizer import check_shard_tokenizer
 from turing.sinks import tensorboard_writer, write_metrics
 from turing.tokenization import Tokenizer
+from turing.validation import FIELDS as VALIDATION_FIELDS, batch_totals, scores_of
 
 logger = logging.getLogger("eval_mlm")
 
 PAIR_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 VALIDATION_BATCH = 64
-# validation sets are told apart as the trainer tells them: hdf5 files, else Bing shards
-VALIDATION_FORMATS = (NvidiaBertDatasetProvider, BingBertDatasetProvider)
 
 
-class EvalError(ValueError):
+class EvalError(InputValueError):
     """Bad input to the evaluation; the message names the file (and line) or the flag."""
 
 
 def check_args(args):
     if not (args.pairs or args.text or args.validation_set):
         raise EvalError("nothing to score: give --pairs, --text and/or --validation_set")
-    if not os.path.exists(args.model):
-        raise EvalError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
-                        "a state dict file or a Hugging Face folder written by tools/export_hf.py")
+    try:
+        resolve_model_path(args.model)   # a local path, or a model id in the Hugging Face cache
+    except InputError as e:
+        raise EvalError(f"--model {e}") from None
     for path in args.pairs + ([args.text] if args.text else []):
         if not os.path.isfile(path):
             raise EvalError(f"{path}: file not found")
@@ -159,13 +158,14 @@ def check_args(args):
 
 @dataclasses.dataclass
 class Scorer:
-    model: object                    # a pretraining model of either architecture, eval mode, on `device`
+    model: object                    # a pretraining model of any architecture, eval mode, on `device`
     tokenizer: Tokenizer             # the model's (turing.tokenization: a vocab.txt's or a tokenizer.json's)
     vocab_file: str                  # its file
     vocab_real: int                  # the ids the rows stand for: scores are over ids 0..vocab_real-1
     special: dict                    # {"pad", "unk", "cls", "sep", "mask"} -> id
     max_tokens: int                  # tokens a sequence may hold between [CLS] and [SEP]
     device: torch.device
+    source: TrainedModel             # --model, as turing.pretrained opened it
 
 
 def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
@@ -179,13 +179,13 @@ def build_scorer(model_path, vocab_file=None, config_file=None, seed=0):
     tokenizer = source.require_tokenizer()
     special = tokenizer.special   # one error line where the tokenizer lacks one
     return Scorer(model.to(device).eval(), tokenizer, source.vocab_file, source.vocab_ids, special,
-                  source.config.max_position_embeddings - 2, device)
+                  source.config.max_position_embeddings - 2, device, source)
 
 
-def load_weights(scorer, model_path):
+def load_weights(scorer):
     """--model's weights into the scorer's model (turing.pretrained: weights-only, every tensor
     finite, every shape checked against the config)."""
-    load_into(scorer.model, read_weights(model_path), model_path)
+    scorer.source.load_weights(scorer.model)
     scorer.model.eval()
 
 
@@ -193,16 +193,8 @@ def load_scorer(model_path, vocab_file=None, config_file=None, random_init=False
     """The model of --model (or, with random_init, its twin with fresh weights), ready to score."""
     scorer = build_scorer(model_path, vocab_file, config_file, seed)
     if not random_init:
-        load_weights(scorer, model_path)
+        load_weights(scorer)
     return scorer
-
-
-def checkpoint_step(model_path):
-    """The global step in the tag of a checkpoint folder of ours; None for other kinds of --model."""
-    if not os.path.isdir(model_path) or is_hf_folder(model_path):
-        return None
-    step = step_of(os.path.basename(resolve_checkpoint_tag_dir(model_path)))
-    return step if step >= 0 else None
 
 
 def _vocab_scores(scorer, hidden):
@@ -435,14 +427,10 @@ def score_text(scorer, path, prepared=None, batch_tokens=DEFAULT_BATCH_TOKENS):
             "unigram": unigram_baseline([t for w in windows for t in w], scorer.tokenizer.ids_to_tokens)}
 
 
-def _as_batch(items):
-    return items if isinstance(items, Batch) else collate_batch(items)
-
-
 def open_validation_set(scorer, path, max_seq_length, max_predictions_per_seq, seed):
     if not os.listdir(path):
         raise EvalError(f"--validation_set {path}: folder is empty; expected NVIDIA .hdf5 files or Bing shard folders")
-    provider = next(p for p in VALIDATION_FORMATS if p.holds_validation_set(path))
+    provider = validation_format(path, "--validation_set")
     check_shard_tokenizer(scorer.tokenizer, [path])   # where prepare_data recorded the tokenizer beside them
     settings = ValidationSettings(max_seq_length, max_predictions_per_seq, seed, scorer.vocab_file, scorer.vocab_real)
     return provider.validation_dataset(path, settings)
@@ -450,28 +438,26 @@ def open_validation_set(scorer, path, max_seq_length, max_predictions_per_seq, s
 
 @torch.inference_mode()
 def score_validation_set(scorer, path, dataset=None, max_seq_length=128, max_predictions_per_seq=80, seed=42):
-    """The set's masked positions, as the trainer validates: accuracy, loss, perplexity, unigram.
-    `dataset`: open_validation_set's result, where the caller has it already."""
+    """The set's masked positions, as the trainer validates: accuracy, loss (the mean over masked
+    tokens, turing.validation's token_loss), perplexity, unigram. `dataset`: open_validation_set's
+    result, where the caller has it already."""
     if dataset is None:
         dataset = open_validation_set(scorer, path, max_seq_length, max_predictions_per_seq, seed)
-    correct, loss_sum, labels_seen, sequences = 0, 0.0, [], 0
-    for batch in DataLoader(dataset, batch_size=VALIDATION_BATCH, collate_fn=_as_batch):
+    totals, labels_seen = torch.zeros(len(VALIDATION_FIELDS), dtype=torch.float64), []
+    for batch in DataLoader(dataset, batch_size=VALIDATION_BATCH, collate_fn=collate_batch):
         batch = Batch(*(t.to(scorer.device) for t in batch))
         sequence_output = scorer.model.encode(batch.input_ids, batch.segment_ids, batch.input_mask)
         masked = batch.masked_lm_labels != -1
         labels = batch.masked_lm_labels[masked]
-        scores = _vocab_scores(scorer, sequence_output[masked])
-        correct += int((scores.argmax(-1) == labels).sum())
-        loss_sum += float(torch.nn.functional.cross_entropy(scores, labels, reduction="sum"))
+        totals += batch_totals(_vocab_scores(scorer, sequence_output[masked]), labels, len(batch.input_ids)).cpu()
         labels_seen.append(labels.cpu().numpy())
-        sequences += len(batch.input_ids)
-    labels = np.concatenate(labels_seen) if labels_seen else np.zeros(0, np.int64)
-    if not len(labels):
+    scores = scores_of(totals, next_sentence_prediction=False)
+    if not scores["masked_tokens"]:
         raise EvalError(f"--validation_set {path}: no masked token in it")
-    loss = loss_sum / len(labels)
-    return {"path": path, "sequences": sequences, "masked_tokens": len(labels),
+    labels = np.concatenate(labels_seen)
+    return {"path": path, "sequences": scores["sequences"], "masked_tokens": scores["masked_tokens"],
             "method": "its own masks, as the trainer validates",
-            "accuracy": correct / len(labels), "loss": loss, "perplexity": math.exp(loss),
+            "accuracy": scores["mlm_accuracy"], "loss": scores["token_loss"], "perplexity": scores["perplexity"],
             "unigram": unigram_baseline(labels, scorer.tokenizer.ids_to_tokens)}
 
 
@@ -566,8 +552,8 @@ def evaluate(args):
     validation = (open_validation_set(scorer, args.validation_set, args.max_seq_length, args.max_predictions_per_seq,
                                       args.validation_seed) if args.validation_set else None)
     if not args.random_init:
-        load_weights(scorer, args.model)
-    step = args.step if args.step is not None else checkpoint_step(args.model)
+        load_weights(scorer)
+    step = args.step if args.step is not None else scorer.source.step
     results = {"model": os.path.abspath(args.model), "random_init": args.random_init, "seed": args.seed,
                "step": step, "vocab_file": scorer.vocab_file, "vocab_size": scorer.vocab_real}
     os.makedirs(args.output_dir, exist_ok=True)
@@ -596,16 +582,13 @@ def evaluate(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    try:
+
+    def run():
         results = evaluate(args)
-    except (ValueError, OSError, InputError) as e:  # EvalError, GlueError, ConversionError, ... are ValueErrors
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(report_lines(results)))
-    print(f"results: {os.path.join(args.output_dir, 'results.json')}")
-    return 0
+        print("\n".join(report_lines(results)))
+        print(f"results: {os.path.join(args.output_dir, 'results.json')}")
+        return 0
+    return tool_exit(run, args.debug)
 
 
 if __name__ == "__main__":

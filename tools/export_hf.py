@@ -3,13 +3,15 @@
     python -m tools.export_hf --checkpoint_dir OUT/saved_models/JOB [--tag epoch2_step60] \
         --output_dir hf_model [--cf bert_config.json]
 
-The folder holds `config.json` + `model.safetensors` of a `RobertaPreLayerNormForMaskedLM`
-(our pre-LN BERT, mapped by `turing.hf_convert`), of a `BertForMaskedLM` for a checkpoint of the
-bert_postln architecture (`turing/postln.py`: a stock BERT trained on), or of a
-`ModernBertForMaskedLM` for one of the modernbert architecture (`turing/modern.py`), the tokenizer files (`vocab.txt`,
-`tokenizer_config.json`, `special_tokens_map.json`, and `tokenizer.json` too for the modernbert
-architecture; a model trained with a `tokenizer.json` gets that one instead of `vocab.txt`) and a
-README saying what was dropped.
+The folder holds `config.json` + `model.safetensors` of the masked-LM class of the checkpoint's
+architecture, as its adapter (turing/arch/NAME/hf.py) writes it: `RobertaPreLayerNormForMaskedLM`
+for our pre-LN BERT, `BertForMaskedLM` for bert_postln, `RobertaForMaskedLM`,
+`XLMRobertaForMaskedLM` or `CamembertForMaskedLM` for roberta (the class its weights came from),
+`DistilBertForMaskedLM`, `ModernBertForMaskedLM`; the tokenizer files (`vocab.txt`,
+`tokenizer_config.json`, `special_tokens_map.json`, and `tokenizer.json` too for a model without
+token types; a model trained with a `tokenizer.json` gets that one instead of `vocab.txt`) and a
+README saying what was dropped. --checkpoint_dir may also name any trained model
+turing.pretrained opens (a Hugging Face folder, a cached model id): it is written back as its class.
 It loads offline with `transformers`' own classes:
 
     from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -64,72 +66,30 @@ if __name__ == "__main__":  # --help and a bad flag are answered here, before th
 
 import torch
 
-from turing.checkpoint import load_checkpoint_state, resolve_checkpoint_tag_dir
-from turing.hf_convert import (HF_ARCHITECTURE, HF_MISSING_KEYS, MODERN_HF_ARCHITECTURE, OPTIONAL_KEYS,
-                               POSTLN_HF_ARCHITECTURE, POSTLN_MISSING_KEYS, ConversionError, modern_to_hf, ours_to_hf,
-                               postln_to_hf)
-from turing.jsonfile import read_json
-from turing.models import pretraining_model
+from turing.arch import pretraining_model, spec_of
+from turing.errors import ConversionError, InputValueError, tool_exit
 from turing.outputs import clear_unfinished, earlier_output, install_staged
-from turing.pretrained import find_vocab_file, model_config_of
-from turing.job_config import config_vocab_size
-from turing.tokenization import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
+from turing.pretrained import CHECKPOINT, load_into, open_trained, read_weights
+from turing.tokenization import SPECIAL_TOKENS, BertTokenizer
 
 logger = logging.getLogger(__name__)
 
 VERIFY_TOLERANCE = 1e-3  # max |ours - HF| MLM score, relative to max(1, max |score|)
-# the token embedding's key in our state dict, by architecture
-EMBEDDING_KEYS = {"bert": "bert.embeddings.word_embeddings.weight", "bert_postln": "bert.embeddings.word_embeddings.weight",
-                  "modernbert": "bert.embeddings.tok_embeddings.weight"}
-
-
-class ExportError(ValueError):
+class ExportError(InputValueError):
     """Bad input to the export; the message names the file or key."""
 
 
-def _read_json(path, what):
-    return read_json(path, what, ExportError)
-
-
-def model_config(job_config, state_dict, source):
-    """Our model config (a BertConfig, or a ModernConfig for the modernbert architecture):
-    bert_model_config of the job config, sized by the saved tensors."""
-    config = model_config_of(job_config, source)
-    word = state_dict.get(EMBEDDING_KEYS[config.architecture])
-    pos = state_dict.get("bert.embeddings.position_embeddings.weight")
-    if word is None or (pos is None and config.architecture != "modernbert"):
-        raise ExportError(f"{source}: the checkpoint has no embedding tables (not a checkpoint of ours of "
-                          f"architecture {config.architecture})")
-    # The training script overrides the config's vocab size with the vocab file's (padded).
-    config.vocab_size = word.shape[0]
-    if pos is None:  # modernbert: RoPE, no position table
-        if word.shape[1] != config.hidden_size:
-            raise ExportError(f"{source}: bert_model_config (hidden_size {config.hidden_size}) does not match the "
-                              f"checkpoint's token embedding {tuple(word.shape)}")
-    elif pos.shape[0] != config.max_position_embeddings or word.shape[1] != config.hidden_size:
-        raise ExportError(f"{source}: bert_model_config (hidden_size {config.hidden_size}, max_position_embeddings "
-                          f"{config.max_position_embeddings}) does not match the checkpoint's embeddings "
-                          f"{tuple(word.shape)} and {tuple(pos.shape)}")
-    return config
-
-
-def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
-    """Run ours and the HF model on a padded batch; returns the max |difference| of the MLM
-    scores at real positions (raises if above VERIFY_TOLERANCE x max(1, max |score|)). For the
-    modernbert architecture the batch is longer than its sliding window, so the local layers'
-    band is compared too."""
-    modern = config.architecture == "modernbert"
-    ours = pretraining_model(config)
-    # the pooler, which no optimizer group holds, is not in a gathered ZeRO stage 3 checkpoint;
-    # the export leaves it out anyway, and the MLM scores compared here do not use it
-    missing, unexpected = ours.load_state_dict(state_dict, strict=False)
-    if unexpected or set(missing) - set(OPTIONAL_KEYS):
-        raise ConversionError(f"the checkpoint's weights do not fit the model: missing "
-                              f"{sorted(set(missing) - set(OPTIONAL_KEYS))[:4]}, unexpected {unexpected[:4]}")
+def verify(ours, config, hf_model, vocab_size_real, pad_id, seed=0):
+    """Run ours (the pretraining model with the checkpoint's weights) and the HF model on a padded
+    batch; returns the max |difference| of the MLM scores at real positions (raises if above
+    VERIFY_TOLERANCE x max(1, max |score|)). The batch's length is the adapter's (for the
+    modernbert architecture longer than its sliding window, so the local layers' band is compared
+    too); token type ids only where the model reads them."""
+    adapter = spec_of(config.architecture).hf
     ours.eval()
     hf_model.eval()
     g = torch.Generator().manual_seed(seed)
-    length = min(max(32, config.local_attention + 16) if modern else 32, config.max_position_embeddings)
+    length = min(adapter.verify_length(config), config.max_position_embeddings)
     lengths = [length, max(2, length // 2), max(2, length // 3)]
     ids = torch.randint(0, vocab_size_real, (len(lengths), length), generator=g)
     ids[ids == pad_id] = (pad_id + 1) % vocab_size_real
@@ -139,7 +99,7 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
         mask[row, :n] = 1
         segments[row, n // 2:n] = 1 if getattr(config, "type_vocab_size", 1) > 1 else 0
     ids = ids.masked_fill(mask == 0, pad_id)  # BERT inputs: padding at the end
-    types = {} if modern else {"token_type_ids": segments}  # ModernBERT has no token types
+    types = {"token_type_ids": segments} if adapter.token_types else {}  # ModernBERT has no token types
     with torch.no_grad():
         scores, _ = ours.predict(ids, segments, mask)
         hf_scores = hf_model(input_ids=ids, attention_mask=mask, **types).logits
@@ -156,18 +116,18 @@ def verify(state_dict, config, hf_model, vocab_size_real, pad_id, seed=0):
     return diff
 
 
-def write_tokenizer_files(output_dir, tokenizer, model_max_length, modern=False):
+def write_tokenizer_files(output_dir, tokenizer, model_max_length, token_types=True):
     """The tokenizer the checkpoint was trained with, as AutoTokenizer reads it with our ids and
-    settings: a vocab.txt + configs for a BertTokenizer (for the modernbert architecture: no token
-    type ids, the model has none, and tokenizer.json too, since AutoTokenizer reads only that for a
-    ModernBERT config); a tokenizer.json as it was + configs naming its special tokens for a
-    PreTrainedTokenizerFast."""
+    settings: a vocab.txt + configs for a BertTokenizer (for a model without token types, the
+    modernbert architecture's: no token type ids, and tokenizer.json too, since AutoTokenizer reads
+    only that for a ModernBERT config); a tokenizer.json as it was + configs naming its special
+    tokens for a PreTrainedTokenizerFast."""
     if not isinstance(tokenizer, BertTokenizer):
         special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
         shutil.copyfile(tokenizer.path, os.path.join(output_dir, "tokenizer.json"))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(model_max_length),
                   "clean_up_tokenization_spaces": False, **special}
-        if modern:
+        if not token_types:
             config["model_input_names"] = ["input_ids", "attention_mask"]
         for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
             with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
@@ -186,122 +146,42 @@ def write_tokenizer_files(output_dir, tokenizer, model_max_length, modern=False)
         "clean_up_tokenization_spaces": False,
         **special,
     }
-    if modern:
+    if not token_types:
         tokenizer_config["model_input_names"] = ["input_ids", "attention_mask"]
     with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config, f, indent=2)
     with open(os.path.join(output_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump(special, f, indent=2)
-    if modern:  # the same WordPiece tokenizer, serialised as transformers builds it from the files above
+    if not token_types:  # the same WordPiece tokenizer, serialised as transformers builds it from the files above
         from transformers import BertTokenizer as HFBertTokenizer
         HFBertTokenizer.from_pretrained(output_dir, local_files_only=True).backend_tokenizer.save(
             os.path.join(output_dir, "tokenizer.json"))
 
 
-def _readme_head(model):
-    return f"""# {{name}}: {model} exported for Hugging Face transformers
-
-Exported by `tools/export_hf.py` from the DeepSpeed checkpoint `{{checkpoint}}`.
-
-```python
-from transformers import AutoModelForMaskedLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained("{{folder}}")
-model = AutoModelForMaskedLM.from_pretrained("{{folder}}")   # {{architecture}}
-```
-
-"""
-
-
-# the lines of "What differs" that more than one architecture's README has
-_VOCAB_ROWS = """- Vocab: {vocab_real} tokens (vocab.txt). The {vocab_dropped} padding row(s) our embedding had
-  (rounded up to {vocab_padded}, a multiple of 8) are dropped; they were never an input or a label.
-"""
-_NO_BERT_HEADS = """- Dropped: the pooler (`bert.pooler`) and the next-sentence head (`cls.seq_relationship`);
-  a masked-LM model has neither. Fine-tuning heads start fresh.
-"""
-_FLOAT32 = "- Weights are stored in float32 whatever the training precision was.\n"
-_WORDPIECE = "- Tokenizer: BERT WordPiece, do_lower_case={lower}, [CLS] A [SEP] B [SEP] with token type ids.\n"
-
-README = _readme_head("pre-LN BERT") + """Architecture: RoBERTa-PreLayerNorm, which computes the same pre-LayerNorm blocks, final
-LayerNorm and tied MLM head as the Bing BERT model; the MLM scores at every real (non-pad)
-position equal ours (checked when exported: max difference {diff}).
-
-What differs from the training checkpoint:
-- Position table: RoBERTa numbers positions from `pad_token_id + 1` ({shift}), so the table is
-  ours shifted by {shift} rows (zero rows in front) and `max_position_embeddings` is
-  {hf_positions} = {positions} + {shift}. Sequences must be padded at the end (as BERT inputs
-  are); a token after a pad gets a different position than in our model.
-""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE + """  `transformers`' BertTokenizer uses the Rust normaliser's Unicode tables; on rare characters
-  (e.g. punctuation added in recent Unicode versions) it can split differently from
-  `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
-"""
-
-
-MODERN_README = _readme_head("ModernBERT-style encoder") + """Architecture: ModernBERT (`transformers`' own ModernBertForMaskedLM, no remote code): the same
-blocks as our modernbert model (rotary embeddings, GeGLU, {layers} layers of which {full} use full
-attention and {sliding} a sliding window of +-{window} tokens), final norm and tied MLM head; the
-MLM scores at every real (non-pad) position equal ours (checked when exported on sequences
-longer than the window: max difference {diff}).
-
-What differs from the training checkpoint:
-- Names only: our `bert.` is `model.`, `cls.head.` is `head.`, `cls.decoder.` is `decoder.`.
-""" + _VOCAB_ROWS + _FLOAT32 + """- Tokenizer: BERT WordPiece (not ModernBERT's BPE), do_lower_case={lower}, [CLS] A [SEP] B [SEP];
-  no token type ids (ModernBERT has no token type embeddings). `transformers`' BertTokenizer uses
-  the Rust normaliser's Unicode tables; on rare characters it can split differently from
-  `turing.tokenization`, which follows Google's tokenizer under this Python's `unicodedata`.
-"""
-
-
-POSTLN_README = _readme_head("post-LN BERT") + """Architecture: BERT (`transformers`' own BertForMaskedLM, no remote code), the post-LayerNorm block
-our bert_postln model computes (a stock BERT imported and trained on here); the MLM scores at every
-real (non-pad) position equal ours (checked when exported: max difference {diff}).
-
-What differs from the training checkpoint:
-""" + _VOCAB_ROWS + _NO_BERT_HEADS + _FLOAT32 + _WORDPIECE
-
-
 def hf_model_of(state_dict, config, vocab_real, ids):
-    """Our weights in the Hugging Face masked-LM class of their architecture (float32):
-    (model, class name, our keys it leaves out)."""
+    """Our weights in the Hugging Face masked-LM class of their architecture (float32), through its
+    adapter (turing.arch): (model, class name, our keys it leaves out)."""
     import transformers  # checked by export() before any work
 
-    if config.architecture == "modernbert":
-        hf_state, hf_config = modern_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
-                                           cls_token_id=ids["cls"], sep_token_id=ids["sep"])
-        name, dropped = MODERN_HF_ARCHITECTURE, ()
-        model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config))
-    elif config.architecture == "bert_postln":
-        hf_state, hf_config = postln_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"])
-        name, dropped = POSTLN_HF_ARCHITECTURE, POSTLN_MISSING_KEYS
-        model = transformers.BertForMaskedLM(transformers.BertConfig(**hf_config))
-    else:
-        hf_state, hf_config = ours_to_hf(state_dict, config, vocab_real, pad_token_id=ids["pad"],
-                                         bos_token_id=ids["cls"], eos_token_id=ids["sep"])
-        name, dropped = HF_ARCHITECTURE, HF_MISSING_KEYS
-        model = transformers.RobertaPreLayerNormForMaskedLM(transformers.RobertaPreLayerNormConfig(**hf_config))
+    adapter = spec_of(config.architecture).hf
+    hf_state, hf_config = adapter.to_hf(state_dict, config, vocab_real, ids)
+    name = hf_config["architectures"][0]
+    model_class = getattr(transformers, name)
+    model = model_class(model_class.config_class(**hf_config))
     result = model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ConversionError(f"the mapped weights do not fit {name}: missing {result.missing_keys}, "
                               f"unexpected {result.unexpected_keys}")
-    return model, name, dropped
+    return model, name, adapter.fresh_keys
 
 
 def readme_text(config, name, tag_dir, output_dir, architecture, diff, vocab_real, pad_id, do_lower_case,
                 tokenizer=None):
-    common = dict(name=name, checkpoint=tag_dir, folder=output_dir, architecture=architecture,
+    fields = dict(name=name, checkpoint=tag_dir, folder=output_dir, architecture=architecture,
                   diff="skipped" if diff is None else f"{diff:.2g}", vocab_real=vocab_real,
-                  vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size, lower=do_lower_case)
-    if config.architecture == "bert_postln":
-        text = POSTLN_README.format(**common)
-    elif config.architecture == "modernbert":
-        full = config.layer_types.count("full_attention")
-        text = MODERN_README.format(layers=config.num_hidden_layers, full=full,
-                                    sliding=config.num_hidden_layers - full, window=config.local_attention // 2,
-                                    **common)
-    else:
-        shift = pad_id + 1
-        text = README.format(shift=shift, hf_positions=config.max_position_embeddings + shift,
-                             positions=config.max_position_embeddings, **common)
+                  vocab_dropped=config.vocab_size - vocab_real, vocab_padded=config.vocab_size, lower=do_lower_case,
+                  pad_id=pad_id)
+    text = spec_of(config.architecture).hf.readme(config, fields)
     if tokenizer is None or isinstance(tokenizer, BertTokenizer):
         return text
     # a tokenizer.json: its own normaliser and special tokens, in place of the WordPiece lines (the last bullet)
@@ -333,37 +213,30 @@ def check_output_dir(output_dir, overwrite):
 
 
 def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, overwrite=False, trust=False):
-    """Write the Hugging Face folder; returns a dict summarising what was written. The checkpoint
-    is read weights-only; `trust` (--trust_checkpoint): with the full unpickler."""
+    """Write the Hugging Face folder; returns a dict summarising what was written. The trained model
+    is opened the one way (turing.pretrained: its config, tokenizer and weights, read weights-only;
+    `trust` (--trust_checkpoint): with the full unpickler)."""
     try:
-        # optional, slow to import; hf_model_of builds them
-        from transformers import BertForMaskedLM, ModernBertForMaskedLM, RobertaPreLayerNormForMaskedLM  # noqa: F401
+        import transformers  # noqa: F401 (optional, slow to import; hf_model_of builds its classes)
     except ImportError as e:
         raise ExportError(f"the export needs the 'transformers' package ({e}); pip install transformers") from None
     present = check_output_dir(output_dir, overwrite)
 
-    tag_dir = resolve_checkpoint_tag_dir(checkpoint_dir, tag, folder_flag="--checkpoint_dir", tag_flag="--tag")
-    state_dict, job_config, run_args = load_checkpoint_state(tag_dir, trust=trust, trust_flag=True)
-    cf_config = _read_json(config_file, "job config (--cf)") if config_file else None
-    if job_config is not None:
-        source = os.path.join(tag_dir, "job_config.json")
-    else:
-        job_config, source = cf_config, config_file or os.path.join(tag_dir, "job_config.json")
-    config = model_config(job_config, state_dict, source)
-
-    vocab_file = find_vocab_file(run_args, job_config, cf_config, config_file, tag_dir)
-    do_lower_case = bool((run_args or {}).get("do_lower_case", True))
-    tokenizer = load_tokenizer(vocab_file, do_lower_case)
-    trained_vocab = config_vocab_size((job_config or {}).get("bert_model_config"))
-    vocab_real = tokenizer.model_vocab(trained_vocab)
-    if tokenizer.vocab_size == 0 or tokenizer.rows(trained_vocab) != config.vocab_size:
-        raise ExportError(f"vocab file {vocab_file} has {tokenizer.vocab_size} tokens, but the checkpoint's embedding "
-                          f"has {config.vocab_size} rows (the vocab size rounded up to a multiple of 8): "
-                          "not the vocab it was trained with")
+    trained = open_trained(checkpoint_dir, config_file=config_file, tag=tag, folder_flag="--checkpoint_dir",
+                           tag_flag="--tag", vocab_flag=None)
+    tag_dir = trained.weights if trained.kind == CHECKPOINT else trained.path
+    config, tokenizer = trained.config, trained.require_tokenizer("--cf")
+    if tokenizer.vocab_size == 0:
+        raise ExportError(f"vocab file {trained.vocab_file} is empty")
+    ours = pretraining_model(config)
+    state_dict = read_weights(trained.weights, trust=trust, trust_flag=True)
+    load_into(ours, state_dict, tag_dir)   # every shape as the config's and the vocab's; one error line if not
+    state_dict = ours.state_dict()   # the model's layout (the transformer kernel's converted, fresh heads in)
+    vocab_real = trained.vocab_ids
     ids = tokenizer.special   # one error line where it lacks one
 
     hf_model, architecture, dropped = hf_model_of(state_dict, config, vocab_real, ids)
-    diff = verify(state_dict, config, hf_model, vocab_real, ids["pad"]) if check else None
+    diff = verify(ours, config, hf_model, vocab_real, ids["pad"]) if check else None
     if diff is not None:
         logger.info("Exported model matches ours: max MLM score difference %.3g", diff)
 
@@ -373,10 +246,10 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     try:
         hf_model.save_pretrained(staging)
         write_tokenizer_files(staging, tokenizer, config.max_position_embeddings,
-                              modern=config.architecture == "modernbert")
+                              token_types=spec_of(config.architecture).hf.token_types)
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-            f.write(readme_text(config, (job_config or {}).get("name", "bing_bert"), tag_dir, output_dir,
-                                architecture, diff, vocab_real, ids["pad"], do_lower_case, tokenizer))
+            f.write(readme_text(config, (trained.job_config or {}).get("name", "bing_bert"), tag_dir, output_dir,
+                                architecture, diff, vocab_real, ids["pad"], trained.do_lower_case, tokenizer))
         written = sorted(os.listdir(staging))
         mode = 0o666 & ~current_umask()  # safetensors writes its file 0600: readable as the umask says, like the rest
         for name in written:
@@ -390,24 +263,21 @@ def export(checkpoint_dir, output_dir, tag=None, config_file=None, check=True, o
     kept = [name for name in present if name not in written]
     if kept:
         logger.warning("%s: left in place, not written by this export: %s", output_dir, ", ".join(kept))
-    return {"checkpoint": tag_dir, "output_dir": output_dir, "vocab_file": vocab_file,
-            "vocab_size": vocab_real, "max_abs_diff": diff, "do_lower_case": do_lower_case}
+    return {"checkpoint": tag_dir, "output_dir": output_dir, "vocab_file": trained.vocab_file,
+            "vocab_size": vocab_real, "max_abs_diff": diff, "do_lower_case": trained.do_lower_case}
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
+
+    def run():
         summary = export(args.checkpoint_dir, args.output_dir, args.tag, args.config_file,
                          check=not args.no_verify, overwrite=args.overwrite, trust=args.trust_checkpoint)
-    except (ValueError, OSError) as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"exported {summary['checkpoint']} -> {summary['output_dir']} "
-          f"(vocab {summary['vocab_size']}, max MLM score difference {summary['max_abs_diff']})")
-    return 0
+        print(f"exported {summary['checkpoint']} -> {summary['output_dir']} "
+              f"(vocab {summary['vocab_size']}, max MLM score difference {summary['max_abs_diff']})")
+        return 0
+    return tool_exit(run, args.debug)
 
 
 if __name__ == "__main__":

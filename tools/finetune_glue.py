@@ -26,7 +26,7 @@ DIR holds train.tsv and dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv) in G
 The model is our pre-LN encoder with the original's pooler (from PATH where it has one, fresh
 otherwise) and a fresh linear head on the pooled [CLS] output, as the original BingBertGlue's
 BertForSequenceClassification. A checkpoint or export of the modernbert architecture
-(turing/modern.py) gets transformers' ModernBertForSequenceClassification's head instead: a fresh
+(turing/arch/modernbert/) gets transformers' ModernBertForSequenceClassification's head instead: a fresh
 dense + act + norm on the [CLS] (or mean) output, then dropout and the linear head. The protocol is cramming's "GLUE-sane" one: the same
 hyper-parameters for every task (AdamW, lr 4e-5, weight decay 0.01 except biases and
 LayerNorms, batch 32, 5 epochs, linear warmup over 10% of the steps (the first step at the peak
@@ -86,7 +86,8 @@ def build_parser():
     p = OneLineParser(description="Fine-tune a pretrained BERT on GLUE tasks (cramming's GLUE-sane "
                                   "protocol) and report dev scores.")
     p.add_argument("--model", required=True,
-                   help="checkpoint folder (job folder or tag folder), state dict file, or Hugging Face export")
+                   help="checkpoint folder (job folder or tag folder), state dict file, Hugging Face folder, or "
+                        "the id of a model in the local Hugging Face cache (ORG/NAME; never downloaded)")
     p.add_argument("--task", required=True, help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, "
                                                  "probe_swap, probe_samedoc, probe_order, or all")
     p.add_argument("--data_dir", required=True, help="the task's folder (GLUE layout); for --task all, the "
@@ -126,13 +127,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from turing.checkpoint import write_atomic
-from turing.errors import InputError
+from turing.errors import InputError, tool_exit
 from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
                          majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)
 from turing.jsonfile import json_text, read_json
 from turing.optim_groups import decay_groups
 from turing.outputs import content_sha256
-from turing.pretrained import open_trained
+from turing.pretrained import open_trained, resolve_model_path
 from turing.process import set_seeds
 from turing.sinks import tensorboard_writer, write_metrics
 
@@ -166,9 +167,10 @@ def check_args(args):
         if getattr(args, flag) < 1:
             raise GlueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     args.lr = parse_lrs(args.lr)
-    if not os.path.exists(args.model):
-        raise GlueError(f"--model {args.model}: not found; expected a checkpoint folder of this project, "
-                        "a state dict file or a Hugging Face folder written by tools/export_hf.py")
+    try:
+        resolve_model_path(args.model)   # a local path, or a model id in the Hugging Face cache
+    except InputError as e:
+        raise GlueError(f"--model {e}") from None
     if not os.path.isdir(args.data_dir):
         raise GlueError(f"--data_dir {args.data_dir}: folder not found")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
@@ -221,12 +223,6 @@ class stop_on_signals:
 
 # ---------------------------------------------------------------------------------------------
 # The model source
-
-
-def model_source(path, vocab_file=None, config_file=None):
-    """--model as every reader opens a trained model (turing.pretrained.open_trained): its sizes,
-    vocab and lower-casing; the weights are read for each run (build_model)."""
-    return open_trained(path, vocab_file, config_file)
 
 
 def build_model(source, num_labels, random_init):
@@ -594,7 +590,7 @@ def finetune(args):
     else:
         tasks = [(find_task(args.task), args.data_dir, args.output_dir)]
     check_output_dir(args, tasks, all_tasks)
-    source = model_source(args.model, args.vocab_file, args.config_file)
+    source = open_trained(args.model, args.vocab_file, args.config_file)   # the weights: read for each run (build_model)
     tokenizer = source.require_tokenizer()
     kept = finished_tasks(args, tasks, source)
     if args.max_seq_length > source.config.max_position_embeddings:
@@ -648,24 +644,22 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
-    try:
-        with stop_on_signals():
-            results = finetune(args)
-    except Stopped as e:
-        print(f"finetune_glue: {stop_line(e, args.output_dir)}" + ("; the same command continues the run"
-                                                                  if e.unfinished else ""), file=sys.stderr)
-        return e.exit_code
-    except Diverged as e:
-        print(f"error: {stop_line(e, args.output_dir)}", file=sys.stderr)
-        return e.exit_code
-    except (ValueError, OSError, InputError) as e:  # GlueError, ConversionError, ... are ValueErrors
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(results_table({"random init" if args.random_init else "pretrained": results}))
-    print(f"results: {os.path.join(args.output_dir, 'results.json')}")
-    return 0
+
+    def run():
+        try:
+            with stop_on_signals():
+                results = finetune(args)
+        except Stopped as e:
+            print(f"finetune_glue: {stop_line(e, args.output_dir)}" + ("; the same command continues the run"
+                                                                      if e.unfinished else ""), file=sys.stderr)
+            return e.exit_code
+        except Diverged as e:
+            print(f"error: {stop_line(e, args.output_dir)}", file=sys.stderr)
+            return e.exit_code
+        print(results_table({"random init" if args.random_init else "pretrained": results}))
+        print(f"results: {os.path.join(args.output_dir, 'results.json')}")
+        return 0
+    return tool_exit(run, args.debug)
 
 
 if __name__ == "__main__":

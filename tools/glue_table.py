@@ -17,7 +17,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from turing.errors import OneLineParser
+from turing.errors import OneLineParser, tool_exit
 from turing.glue import GlueError, load_run, results_table
 
 
@@ -58,19 +58,18 @@ def main(argv=None):
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH",
                         help="output folder (or results.json) of tools/finetune_glue.py")
     args = parser.parse_args(argv)
-    runs, notes = {}, []
-    try:
+
+    def run():
+        runs, notes = {}, []
         for name, path in column_names(args.runs):
             runs[name], unfinished = load_run(path)
             if unfinished:
                 notes.append(f"{name}: the run stopped before {', '.join(unfinished)}")
-    except (GlueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(results_table(runs))
-    for note in notes:
-        print(note)
-    return 0
+        print(results_table(runs))
+        for note in notes:
+            print(note)
+        return 0
+    return tool_exit(run)
 
 
 if __name__ == "__main__":

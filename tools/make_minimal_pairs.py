@@ -51,7 +51,7 @@ from collections import Counter
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+from turing.errors import InputValueError, OneLineParser, tool_exit  # light (argparse only): before --help is answered
 
 from tools.prep.filters import recorded_split
 from turing.tokenization import load_tokenizer
@@ -64,7 +64,7 @@ DESCRIPTIONS = {"swap": "adjacent words swapped", "shuffle": "inner words shuffl
 FREQUENCY_NEIGHBOURS = 3   # replace: candidates are this many words on each side in the frequency ranking
 
 
-class MinimalPairsError(ValueError):
+class MinimalPairsError(InputValueError):
     """Bad input to the pair builder; the message names the flag or file."""
 
 
@@ -287,14 +287,13 @@ def main(argv=None):
     if refused:
         print(f"error: {refused}", file=sys.stderr)
         return 2
-    try:
+
+    def run():
         counts = make_minimal_pairs(args.heldout, args.output, args.seed, args.pairs_per_kind, args.kinds,
                                     args.vocab_file, args.min_words, args.max_words, args.overwrite, args.input)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{args.output}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + " pairs")
-    return 0
+        print(f"{args.output}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + " pairs")
+        return 0
+    return tool_exit(run)
 
 
 if __name__ == "__main__":

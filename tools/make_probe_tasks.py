@@ -43,7 +43,7 @@ import tempfile
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+from turing.errors import InputValueError, OneLineParser, tool_exit  # light (argparse only): before --help is answered
 
 from tools.prep.documents import DocumentReader, list_input_files
 from tools.prep.filters import recorded_split
@@ -53,7 +53,7 @@ from turing.outputs import clear_unfinished, earlier_output, install_staged
 logger = logging.getLogger(__name__)
 
 
-class ProbeError(ValueError):
+class ProbeError(InputValueError):
     """Bad input to the probe builder; the message names the flag or file."""
 
 
@@ -285,15 +285,14 @@ def make_probe_tasks(input_path, output_dir, seed=0, train_size=2000, dev_size=5
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
-    try:
+
+    def run():
         counts = make_probe_tasks(args.input, args.output_dir, args.seed, args.train_size, args.dev_size,
                                   args.dev_fraction, args.min_words, args.max_words, args.overwrite, args.heldout)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for name, n in counts.items():
-        print(f"{os.path.join(args.output_dir, name)}: {n['train']} train, {n['dev']} dev examples")
-    return 0
+        for name, n in counts.items():
+            print(f"{os.path.join(args.output_dir, name)}: {n['train']} train, {n['dev']} dev examples")
+        return 0
+    return tool_exit(run)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from turing.errors import OneLineParser
+from turing.errors import InputValueError, OneLineParser, tool_exit
 from turing.tb_events import read_run
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ INTEGER_AXES = ("optimizer step", "epoch")
 PERCENT_PANELS = ("Validation accuracy", MINUTES_PANEL)  # logged as fractions, drawn x100 (as the text says them)
 
 
-class PlotError(ValueError):
+class PlotError(InputValueError):
     """A run folder that cannot be plotted; the message names it."""
 
 
@@ -220,13 +220,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     output = output_path(args.output)
-    try:
+
+    def run():
         drawn = plot_runs(args.run_dirs, output, args.smooth)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(last_validation(args.run_dirs) + [f"wrote {output}: {', '.join(drawn)}"]))
-    return 0
+        print("\n".join(last_validation(args.run_dirs) + [f"wrote {output}: {', '.join(drawn)}"]))
+        return 0
+    return tool_exit(run)
 
 
 if __name__ == "__main__":

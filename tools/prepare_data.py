@@ -30,8 +30,9 @@ Output folder:
     OUT/vocab.txt | OUT/tokenizer.json     the tokenizer the shards were made with (--tokenizer: a WordPiece
                                            vocab.txt, or a Hugging Face tokenizer.json with
                                            special_tokens_map.json naming its special tokens)
-    OUT/tokenizer_record.json              which one it is (name, sha256, special ids: turing/shard_tokenizer.py);
-                                           the trainer refuses a run with another tokenizer
+    OUT/tokenizer_record.json              which one it is (what decides its ids, and its name and sha256:
+                                           turing/shard_tokenizer.py); the trainer refuses a run with another
+                                           tokenizer, in whatever file it is held
     OUT/train/                             the training set
         {prefix}_training_shard{i}.hdf5    --format nvidia (prefix: OUT's name)
         shard_{i:03d}/                     --format bing

@@ -21,7 +21,7 @@ import sys
 if not __package__:  # run as `python tools/NAME.py`: import from the repository root, as `python -m` does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from turing.errors import OneLineParser  # light (argparse only): before --help is answered
+from turing.errors import InputValueError, OneLineParser, tool_exit  # light (argparse only): before --help is answered
 
 from tools.make_minimal_pairs import DESCRIPTIONS, KINDS
 from turing.jsonfile import read_json, write_json
@@ -29,7 +29,7 @@ from turing.jsonfile import read_json, write_json
 COLUMNS = ("pretrained", "random_init")
 
 
-class TableError(ValueError):
+class TableError(InputValueError):
     """A results file that is missing or does not hold what the table needs."""
 
 
@@ -188,18 +188,20 @@ def main(argv=None):
     parser.add_argument("--random_init", required=True, help="the same with --random_init")
     parser.add_argument("--output", default=None, help="write the table's numbers to this JSON file")
     args = parser.parse_args(argv)
-    try:
+
+    def run():
         results = {"pretrained": load(args.pretrained), "random_init": load(args.random_init)}
         check_comparable(results["pretrained"], results["random_init"],
                          {"pretrained": args.pretrained, "random_init": args.random_init})
-        doc = quality(results["pretrained"], results["random_init"])
+        try:
+            doc = quality(results["pretrained"], results["random_init"])
+        except KeyError as e:   # a score the results lack (only the reading of the two results is in here)
+            raise TableError(f"results lack {e}") from None
         if args.output:  # strict JSON: a NaN score (results of an older eval_mlm) is an error line, not a file
             write_json(args.output, doc, TableError)
-    except (TableError, KeyError, OSError) as e:
-        print(f"error: {f'results lack {e}' if isinstance(e, KeyError) else e}", file=sys.stderr)
-        return 2
-    print(table(doc))
-    return 0
+        print(table(doc))
+        return 0
+    return tool_exit(run)
 
 
 if __name__ == "__main__":

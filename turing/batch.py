@@ -27,5 +27,14 @@ class Batch(NamedTuple):
 
 
 def collate_batch(items):
-    """DataLoader collate: stack per-field tensors (or numpy arrays) into a Batch."""
+    """DataLoader collate: stack per-field tensors (or numpy arrays) into a Batch (a dataset that
+    yields whole batches already: as they are)."""
+    if isinstance(items, Batch):
+        return items
     return Batch(*(torch.stack([torch.as_tensor(x) for x in field]) for field in zip(*items)))
+
+
+def as_batch(batch):
+    """A Batch of `batch` (a Batch, or any sequence of the six fields in their order, as the
+    original's callers pass a list), so the model reads fields by name."""
+    return batch if isinstance(batch, Batch) else Batch(*batch)

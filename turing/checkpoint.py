@@ -23,7 +23,7 @@ full unpickler, so a file changed after the check cannot run code either. The fu
 is used only when the user says they trust the files (--trust_checkpoint).
 
 Weights that hold NaN or Infinity (a run that diverged) are refused by every reader of weights
-(`load_checkpoint_state`, `read_state_dict_file`, and `turing.hf_convert.load_hf_folder`), in one
+(`load_checkpoint_state`, `read_state_dict_file`, and `turing.hf_folder.load_hf_folder`), in one
 line naming the file and the tensor (`check_finite`): no tool scores, exports or trains from them.
 """
 import contextlib

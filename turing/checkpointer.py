@@ -33,7 +33,7 @@ from turing.distributed import all_ranks, all_reduce, barrier, is_collective_fai
 from turing.epoch_plan import EpochPlan
 from turing.errors import InputError, InputValueError, StopTraining
 from turing.process import set_seeds
-from turing.run_config import RunState
+from turing.run_state import RunState
 from turing.tokenization import load_tokenizer
 
 logger = logging.getLogger("bing_bert")

@@ -1,13 +1,15 @@
 """The project's error types for bad user input: configs, flags, paths, data and checkpoint files.
 
-The training script reports an `InputError` as one line (no traceback unless --debug) and exit
-code 2; every other exception, whatever its type, is a crash and keeps its traceback. Raise
-these only where the cause is the user's input and the message says what to change.
+The training script and every tool (`tool_exit`) report an `InputError` as one line (no traceback
+unless --debug) and exit code 2; every other exception, whatever its type, is a bug or a crash and
+keeps its traceback. Raise these only where the cause is the user's input and the message says
+what to change.
 
 `InputValueError` and `InputFileNotFoundError` are also a `ValueError` / `FileNotFoundError`, so
 library callers that catch the built-in types keep working.
 """
 import argparse
+import sys
 
 
 class InputError(Exception):
@@ -50,3 +52,19 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message} (see --help)\n")
+
+
+def tool_exit(work, debug=False):
+    """A tool's `main`: run `work()` (its job, returning the exit code) and report bad input in one
+    line, `error: ...` on stderr, exit code 2: an InputError (the tool's own errors are its
+    subclasses) or an OSError (a file or disk the tool was pointed at; its message names the path).
+    Any other exception is a bug in the tool and keeps its traceback (Python's exit code 1), so a
+    bug is never reported as bad input. `debug` (a tool's --debug): the traceback of bad input too."""
+    try:
+        return work()
+    except (InputError, OSError) as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+

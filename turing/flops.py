@@ -1,7 +1,9 @@
 """Model FLOPs utilisation (MFU): the FLOPs a BERT training step needs, and the peak FLOP rate of
 the device it runs on.
 
-FLOPs of one training sequence (`bert_training_flops`), counting the matrix multiplications
+FLOPs of one training sequence (`turing.arch.training_flops`, which takes each architecture's
+formula from the registry: `bert_training_flops` for the BERT blocks, `modern_training_flops`),
+counting the matrix multiplications
 only (2 FLOPs per multiply-add; embeddings are lookups, LayerNorm, softmax, GELU and dropout are
 elementwise and left out, as in every published MFU), for sequence length s, hidden size h,
 intermediate size i, n layers, vocab V and p predicted (masked) tokens per sequence:
@@ -15,9 +17,10 @@ intermediate size i, n layers, vocab V and p predicted (masked) tokens per seque
                                  and of the weights: two matmuls for every forward one)
 
 so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h]. The bert_postln block
-(turing/postln.py) has the same matmuls (its LayerNorms sit elsewhere), so the same count.
+(turing/arch/bert_postln/) has the same matmuls (its LayerNorms sit elsewhere), so the same count;
+the distilbert block (turing/arch/distilbert/) too, less the pooler and NSP head's 2 h^2 + 4 h.
 
-The modernbert block (turing/modern.py) differs in three places:
+The modernbert block (turing/arch/modernbert/) differs in three places:
 - feed-forward: GeGLU, Wi (h -> 2i) then Wo (i -> h): three h x i matmuls, 2 x 2 s h (2i) +
   2 s i h = 6 s h i (the gate product is elementwise);
 - attention in a sliding-window layer: a query sees the keys within local_attention // 2 = w
@@ -61,16 +64,15 @@ def attended_pairs(seq_length, window_half):
     return s * (2 * w + 1) - w * (w + 1)
 
 
-def bert_training_flops(config, seq_length, predictions):
-    """FLOPs of training on one sequence (forward + backward; see the module docstring).
-    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), the
-    bert_postln architecture's PostLNConfig (the same count), or the modernbert one's ModernConfig."""
-    if getattr(config, "architecture", "bert") == "modernbert":
-        return modern_training_flops(config, seq_length, predictions)
+def bert_training_flops(config, seq_length, predictions, pooler=True):
+    """FLOPs of training a BERT block on one sequence (forward + backward; see the module docstring).
+    `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), or the
+    bert_postln architecture's PostLNConfig (the same count); `pooler` false: a block without the
+    pooler and the NSP head (the distilbert one)."""
     s, h, i, n, v, p = (seq_length, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
                         config.vocab_size, predictions)
     layer = 8 * s * h * h + 4 * s * h * i + 4 * s * s * h
-    heads = p * (2 * h * h + 2 * h * v) + 2 * h * h + 4 * h
+    heads = p * (2 * h * h + 2 * h * v) + (2 * h * h + 4 * h if pooler else 0)
     return 3 * (n * layer + heads)
 
 

@@ -11,12 +11,11 @@ Owns what `tools/finetune_glue.py` (the command line and the training loop) and
   `_truncate_seq_pair`, padded per batch;
 - `compute_metrics` / `task_score` / `majority_baseline`: the official metrics through
   scikit-learn and scipy; `collapse`: whether a run's predictions are all one class;
-- `BertForSequenceClassification`: our pre-LN (or post-LN) encoder, the pooler, dropout and a linear
-  classification (or, with one output, regression) head; the original BingBertGlue model's
-  module tree, so its state-dict keys are `bert.*` and `classifier.*`;
-  `ModernForSequenceClassification` the same on the modernbert encoder (a fresh prediction head
-  on the pooled output, as transformers' ModernBertForSequenceClassification);
-  `sequence_classifier` picks the one of a pretraining model's architecture;
+- `sequence_classifier`: the fine-tuning model of a pretraining model's architecture (its
+  registry entry's classifier, turing.arch: BERT's pooler, dropout and a linear classification
+  or, with one output, regression head, the original BingBertGlue model's module tree with
+  state-dict keys `bert.*` and `classifier.*`; the modernbert one as transformers'
+  ModernBertForSequenceClassification);
 - `load_run` / `load_results` / `results_table`: results.json files (checked) and the text table
   of one or more runs.
 
@@ -31,20 +30,19 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-from torch import nn
 
+from turing.arch import spec_of
 from turing.dataset import truncate_pair
+from turing.errors import InputValueError
 from turing.jsonfile import read_json
-from turing.modern import ModernPredictionHead, trunc_normal_
 from turing.speedups import apply_speedups
 
 logger = logging.getLogger(__name__)
 
 
-class GlueError(ValueError):
+class GlueError(InputValueError):
     """Bad fine-tuning input; the message names the file (and line) or the flag."""
 
 
@@ -332,77 +330,10 @@ def majority_baseline(task, train_labels, dev_labels):
 # Model
 
 
-class BertForSequenceClassification(nn.Module):
-    """`bert` (our `BertModel`: embeddings, pre-LN encoder, pooler; or the bert_postln
-    architecture's `PostLNModel`, as transformers' BertForSequenceClassification) + dropout + a linear head
-    on the pooled [CLS] output; one output = regression (MSE), more = classes (cross-entropy).
-    The head starts as the original's did: normal(0, initializer_range) weights, zero bias."""
-
-    def __init__(self, bert, num_labels, dropout_prob, initializer_range):
-        super().__init__()
-        self.num_labels = num_labels
-        self.bert = bert
-        self.dropout = nn.Dropout(dropout_prob)
-        self.classifier = nn.Linear(bert.embeddings.word_embeddings.embedding_dim, num_labels)
-        nn.init.normal_(self.classifier.weight, 0.0, initializer_range)
-        nn.init.zeros_(self.classifier.bias)
-
-    def forward(self, input_ids, input_mask, segment_ids):
-        """(B, L) ids -> (B, num_labels) logits, or (B,) scores for regression."""
-        _, pooled = self.bert(input_ids, segment_ids, input_mask)
-        logits = self.classifier(self.dropout(pooled))
-        return logits.squeeze(-1) if self.num_labels == 1 else logits
-
-    def loss(self, logits, labels):
-        if self.num_labels == 1:
-            return F.mse_loss(logits.float(), labels)
-        return F.cross_entropy(logits.float(), labels)
-
-    @staticmethod
-    def predictions(logits):
-        """Class indices, or the scores themselves for regression."""
-        return logits.float() if logits.dim() == 1 else logits.argmax(-1)
-
-
-class ModernForSequenceClassification(BertForSequenceClassification):
-    """`bert` (our modernbert `ModernEncoder`) + pooling ([CLS], or the mean over real tokens:
-    the config's classifier_pooling) + a fresh prediction head (dense, act, norm) + dropout
-    (classifier_dropout) + a linear head, as transformers' ModernBertForSequenceClassification;
-    the linear head starts at its init (truncated normal, std hidden_size ** -0.5, zero bias)."""
-
-    def __init__(self, bert, num_labels, config):
-        nn.Module.__init__(self)
-        self.num_labels = num_labels
-        self.pooling = config.classifier_pooling
-        self.bert = bert
-        self.head = ModernPredictionHead(config)
-        out_std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
-        trunc_normal_(self.head.dense.weight, out_std, config.initializer_cutoff_factor)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        trunc_normal_(self.classifier.weight, config.hidden_size ** -0.5, config.initializer_cutoff_factor)
-        nn.init.zeros_(self.classifier.bias)
-
-    def forward(self, input_ids, input_mask, segment_ids):
-        """(B, L) ids -> (B, num_labels) logits, or (B,) scores for regression (segment ids unread)."""
-        sequence = self.bert(input_ids, input_mask)  # (B, L, H)
-        if self.pooling == "cls":
-            pooled = sequence[:, 0]
-        else:
-            weights = input_mask.to(sequence.dtype).unsqueeze(-1)
-            pooled = (sequence * weights).sum(1) / weights.sum(1)
-        logits = self.classifier(self.dropout(self.head(pooled)))
-        return logits.squeeze(-1) if self.num_labels == 1 else logits
-
-
 def sequence_classifier(pretraining, config, num_labels):
     """The fine-tuning model on `pretraining.bert` (the encoder of a pretraining model of
-    `config`'s architecture): BERT's pooler + head (dropout hidden_dropout_prob; the pre-LN and
-    the post-LN block alike), or the modernbert classifier."""
-    if config.architecture == "modernbert":
-        return apply_speedups(ModernForSequenceClassification(pretraining.bert, num_labels, config))
-    return apply_speedups(BertForSequenceClassification(pretraining.bert, num_labels, config.hidden_dropout_prob,
-                                                        config.initializer_range))
+    `config`'s architecture): its architecture's classifier (turing.arch), with the speed-ups."""
+    return apply_speedups(spec_of(config.architecture).classifier(pretraining, config, num_labels))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ parser looks a key up in the raw dict.
     name                      the run name (--job_name overrides it)
     bert_token_file           the tokenizer (a vocab.txt, a tokenizer.json, or a folder holding one)
     bert_model_file           pretrained weights (--use_pretrain)
-    bert_model_config         the model sizes and architecture (turing.models.model_config_from_dict)
+    bert_model_config         the model sizes and architecture (turing.arch.model_config_from_dict)
     data.format               "nvidia" or "bing" (default: --use_nvidia_dataset's choice)
     data.mixed_seq_datasets   {seq: {dataset name: path under --data_path_prefix}}
     mixed_seq_training        {seq: the training section, TrainingSection}
@@ -15,14 +15,10 @@ parser looks a key up in the raw dict.
 import dataclasses
 from typing import Optional, Tuple
 
+from turing.arch import DEFAULT_ARCHITECTURE, architecture_of, spec_of
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputValueError
 from turing.lr_schedule import COOLDOWN_PROPORTION
-
-# The architectures (turing.models.ARCHITECTURES) whose model has a next-sentence head: their NSP
-# term is on unless the training section switches it off; the others have none to turn on.
-NSP_ARCHITECTURES = ("bert", "bert_postln")
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSection:
@@ -40,21 +36,22 @@ class TrainingSection:
     weight_decay: float = 0.01
     masked_lm_prob: float = MASKED_SHARE    # the Bing provider's dynamic masking
     mask_split: Tuple[float, float, float] = tuple(MASK_SPLIT)
-    next_sentence_prediction: bool = True   # the NSP term (off for an architecture without NSP_ARCHITECTURES' head)
+    next_sentence_prediction: bool = True   # the NSP term (off by default for an architecture without an NSP head)
     cooldown_proportion: float = COOLDOWN_PROPORTION   # WSD, budget
     cooldown_shape: str = "linear"
 
     @classmethod
-    def from_dict(cls, section, architecture="bert", where="job config mixed_seq_training.<seq>"):
+    def from_dict(cls, section, architecture=DEFAULT_ARCHITECTURE, where="job config mixed_seq_training.<seq>"):
         """The section of a JSON dict (its values checked by turing.run_config); keys it does not
-        know are ignored here. `where` names the section in errors."""
+        know are ignored here. `where` names the section in errors. The NSP term defaults on where
+        the architecture's model has a next-sentence head (turing.arch)."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in section.items() if k in known}
         if not isinstance(values.get("async_worker", False), bool):  # "present = on" in the original: say it
             raise InputValueError(f"{where}.async_worker: expected true or false, got {values['async_worker']!r}")
         if "mask_split" in values:
             values["mask_split"] = tuple(values["mask_split"])
-        values.setdefault("next_sentence_prediction", architecture in NSP_ARCHITECTURES)
+        values.setdefault("next_sentence_prediction", spec_of(architecture).nsp_head)
         return cls(**values)
 
 
@@ -64,22 +61,23 @@ class JobConfig:
     name: Optional[str]
     bert_token_file: str
     bert_model_file: str
-    bert_model_config: dict          # as written: turing.models.model_config_from_dict builds the config
+    bert_model_config: dict          # as written: turing.arch.model_config_from_dict builds the config
     data_format: Optional[str]
     datasets: dict                   # data.mixed_seq_datasets.<seq>: dataset name -> path
     training: TrainingSection
     validation_path: Optional[str]
+    raw: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)   # the JSON it was read from
 
     @property
     def architecture(self):
-        return self.bert_model_config.get("architecture", "bert")
+        return architecture_of(self.bert_model_config)
 
     @classmethod
     def from_resolved(cls, config, seq="<seq>"):
         """The JobConfig of a job config whose `training` and `data.datasets` are this sequence
         length's (`seq`) entries (as turing.run_config.complete_arguments leaves `args.config`)."""
         model = config.get("bert_model_config") or {}
-        architecture = model.get("architecture", "bert") if isinstance(model, dict) else "bert"
+        architecture = architecture_of(model)
         validation = config.get("validation")
         return cls(name=config.get("name"), bert_token_file=config.get("bert_token_file", ""),
                    bert_model_file=config.get("bert_model_file") or "", bert_model_config=model,
@@ -87,7 +85,7 @@ class JobConfig:
                    datasets=dict((config.get("data") or {}).get("datasets") or {}),
                    training=TrainingSection.from_dict(config.get("training") or {}, architecture,
                                                       f"job config mixed_seq_training.{seq}"),
-                   validation_path=validation.get("path") if isinstance(validation, dict) else None)
+                   validation_path=validation.get("path") if isinstance(validation, dict) else None, raw=config)
 
 
 def job_config_of(args):

@@ -5,13 +5,14 @@ Owns: `BertConfig` (the `bert_model_config` of the job config) and `BertForPreTr
 checkpointing, pooler, MLM and NSP heads, the pretraining loss), and the two model options
 that change how the encoder computes: block-sparse self-attention
 (`--deepspeed_sparse_attention`, `turing.sparse_attention`) and DeepSpeed's fused CUDA
-transformer layer (`--deepspeed_transformer_kernel`), chosen by `ModelOptions`. `check_model_flags(args)` rejects
-option combinations this build cannot run. Knows nothing of training: no optimizer, no engine.
+transformer layer (`--deepspeed_transformer_kernel`), chosen by `ModelOptions` (turing.model_options,
+which also rejects option combinations this build cannot run). Knows nothing of training: no
+optimizer, no engine. `turing/arch/bert/` registers this model as the "bert" architecture.
 
 The model reads as the model: torch's dropout, SDPA and cross-entropy. The speed-ups for the CPU
 (a cheaper dropout mask, attention under dropout written out around it, the vocab projection and
 cross-entropy fused into one buffer) are turing/speedups.py's, applied by the builder
-(turing.models.pretraining_model) as module swaps that keep every key and every number.
+(turing.arch.pretraining_model) as module swaps that keep every key and every number.
 
 The module tree, and therefore every `state_dict` key, is the original Bing BERT model's, so
 its checkpoints load with `strict=True`. The computation is the original's, arranged to do
@@ -43,11 +44,9 @@ the CUDA construction and forward are checked only through a stand-in layer with
 parameter names, and the layout conversion by a round-trip test.
 """
 import copy
-import dataclasses
 import json
 import logging
 import math
-import os
 from typing import Optional
 
 import torch
@@ -55,9 +54,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from turing.batch import as_batch
 from turing.errors import InputFileNotFoundError, InputValueError
-from turing.job_config import NSP_ARCHITECTURES, bert_model_config_of
 from turing.kernel_layout import from_transformer_kernel_layout, to_transformer_kernel_layout
+from turing.model_options import block_options
 from turing.sparse_attention import SparseSelfAttention, sparsity_config_from_ds
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def config_values(json_object, architecture):
     values = dict(json_object)
     if values.pop("architecture", architecture) != architecture:
         raise BertConfigError(f"bert_model_config: architecture {json_object['architecture']!r} is not "
-                              f"{architecture!r} (turing.models.model_config_from_dict reads any)")
+                              f"{architecture!r} (turing.arch.model_config_from_dict reads any)")
     vocab_keys = [k for k in ("vocab_size_or_config_json_file", "vocab_size") if k in values]
     if not vocab_keys:
         raise BertConfigError("bert_model_config: missing key 'vocab_size_or_config_json_file' (the vocab size)")
@@ -540,130 +540,6 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
 
 
-def precision_of(ds_config):
-    """'fp16', 'bf16' or 'fp32' from a DeepSpeed config dict."""
-    if (ds_config.get("fp16") or {}).get("enabled", False):
-        return "fp16"
-    if any((ds_config.get(key) or {}).get("enabled", False) for key in ("bf16", "bfloat16")):
-        return "bf16"
-    return "fp32"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelOptions:
-    """What a run chooses about the model beyond its sizes (`BertConfig`): the model reads these
-    and nothing else. `from_args` builds them from a command line (the training script's `args`,
-    or any object with some of its attributes) in one place.
-
-    A new model option is a field here (with its default), the flag in utils.py when it is one
-    (and its name in _SAME_NAME, which from_args copies), and the code in the model that reads it."""
-    checkpoint_activations: bool = False        # recompute each encoder layer in backward
-    unpad: bool = False                         # encoder on real tokens only (training loss)
-    next_sentence_prediction: bool = True       # the job config's training switch: NSP term in the loss
-    progressive_layer_drop: bool = False
-    deepspeed_sparse_attention: bool = False
-    sparse_attention: Optional[dict] = None     # ds_config's `sparse_attention` block (None: defaults)
-    deepspeed_transformer_kernel: bool = False  # DeepSpeed's fused CUDA layer, with its memory flags:
-    stochastic_mode: bool = False
-    attention_dropout_checkpoint: bool = False
-    normalize_invertible: bool = False
-    gelu_checkpoint: bool = False
-    precision: str = "fp32"                     # of the DeepSpeed config: fp32, fp16 or bf16
-    micro_batch: Optional[int] = None           # the kernel's maximum batch
-    local_rank: int = 0                         # the kernel's device and init rank
-    seed: int = 42                              # the kernel's and the sparse layouts' random draws
-    architecture: str = "bert"                  # bert_model_config's architecture (turing.models.ARCHITECTURES)
-
-    # fields taken from the attribute of the same name
-    _SAME_NAME = ("checkpoint_activations", "unpad", "next_sentence_prediction", "progressive_layer_drop",
-                  "deepspeed_sparse_attention", "deepspeed_transformer_kernel", "stochastic_mode",
-                  "attention_dropout_checkpoint", "normalize_invertible", "gelu_checkpoint", "seed")
-
-    @classmethod
-    def from_args(cls, args):
-        """The options of `args` (None: all defaults; ModelOptions: itself; a RunConfig: its
-        `model`). Attributes `args`
-        lacks keep their defaults; ds_config gives the sparse-attention block and the precision,
-        train_micro_batch_size_per_gpu the micro batch, local_rank (or the launcher's
-        LOCAL_RANK) the local rank, the job config the architecture."""
-        if args is None or isinstance(args, cls):
-            return args or cls()
-        if isinstance(getattr(args, "model", None), cls):
-            return args.model  # the training script's RunConfig
-        ds_config = getattr(args, "ds_config", None) or {}
-        local_rank = getattr(args, "local_rank", -1)
-        if local_rank is None or local_rank < 0:
-            # launched without --local_rank (e.g. --no_local_rank): the launcher's environment says
-            local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        model_config = bert_model_config_of(args)
-        architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
-        return cls(**{name: getattr(args, name) for name in cls._SAME_NAME if hasattr(args, name)},
-                   architecture=architecture,
-                   sparse_attention=ds_config.get("sparse_attention"), precision=precision_of(ds_config),
-                   micro_batch=getattr(args, "train_micro_batch_size_per_gpu", None), local_rank=local_rank)
-
-    def check(self):
-        """Reject option combinations this machine or build cannot run, with one line saying why."""
-        if self.architecture != "bert":
-            self._check_architecture()
-        if self.unpad:
-            for flag in ("deepspeed_transformer_kernel", "deepspeed_sparse_attention"):
-                if getattr(self, flag):
-                    raise InputValueError(f"--unpad cannot be combined with --{flag} (it needs full-length, "
-                                          "padded sequences)")
-        if not self.deepspeed_transformer_kernel:
-            return
-        if self.deepspeed_sparse_attention:
-            raise InputValueError("--deepspeed_sparse_attention cannot be combined with --deepspeed_transformer_kernel")
-        if not torch.cuda.is_available():
-            raise InputValueError("--deepspeed_transformer_kernel needs a CUDA GPU (DeepSpeed's fused transformer "
-                                  "layer is a CUDA op); none is available, run without the flag")
-        if self.progressive_layer_drop:
-            raise InputValueError("--progressive_layer_drop cannot be combined with --deepspeed_transformer_kernel "
-                                  "(the fused layer cannot scale or skip its branches)")
-        if self.checkpoint_activations:
-            raise InputValueError("--checkpoint_activations cannot be combined with --deepspeed_transformer_kernel; "
-                                  "use the kernel's --attention_dropout_checkpoint, --gelu_checkpoint and "
-                                  "--normalize_invertible to save memory")
-        if self.precision == "bf16":
-            raise InputValueError("--deepspeed_transformer_kernel runs in fp32 or fp16 only; the DeepSpeed config "
-                                  "enables bf16")
-
-    # the options that do not apply to the other architectures' blocks, and why
-    _NOT_APPLYING = {
-        "modernbert": {
-            "deepspeed_transformer_kernel": "DeepSpeed's fused layer computes the original BERT block",
-            "deepspeed_sparse_attention": "its layouts are for the original block; the modern block has its own "
-                                          "sliding-window attention (local_attention)",
-        },
-        "bert_postln": {
-            "deepspeed_transformer_kernel": "this build wires DeepSpeed's fused layer for the pre-LN block only",
-            "deepspeed_sparse_attention": "its layouts are wired for the original pre-LN block only",
-            "progressive_layer_drop": "skipping a layer needs the pre-LN block's identity path (Zhang & He 2020 "
-                                      "switch BERT to pre-LN for it); the post-LN block has a LayerNorm on it",
-        },
-    }
-
-    def _check_architecture(self):
-        for flag, why in self._NOT_APPLYING.get(self.architecture, {}).items():
-            if getattr(self, flag):
-                raise InputValueError(f"--{flag} does not apply to bert_model_config.architecture "
-                                      f"'{self.architecture}' ({why}); run without it")
-        if self.next_sentence_prediction and self.architecture not in NSP_ARCHITECTURES:
-            raise InputValueError(f"next_sentence_prediction is true, but bert_model_config.architecture "
-                                  f"'{self.architecture}' has no next-sentence head (ModernBERT trains the MLM loss "
-                                  f"alone); set it false in the job config's training section or leave it out")
-
-
-def check_model_flags(args):
-    """Reject model options this machine or build cannot run, with one line saying why.
-
-    Cheap (no weights, no data): the model calls it first, and a training script can call it
-    right after parsing so the error comes before any work. `args`: a command line or ModelOptions.
-    """
-    ModelOptions.from_args(args).check()
-
-
 def _transformer_kernel_layers(config, options):
     """One DeepSpeedTransformerLayer per encoder layer (pre-LN, CUDA).
 
@@ -718,6 +594,17 @@ def _sparse_self_attention(config, options):
     return SparseSelfAttention(sparsity_config, max_seq_length=config.max_position_embeddings)
 
 
+def layer_drop_theta(kwargs):
+    """The keep rate a forward's keyword arguments ask for: `pld_theta` in (0, 1] where DeepSpeed's
+    engine passes `progressive_layer_drop` true (training with PLD), else None (every layer runs)."""
+    if not kwargs.get("progressive_layer_drop", False):
+        return None
+    pld_theta = kwargs.get("pld_theta")
+    if pld_theta is None or not 0.0 < float(pld_theta) <= 1.0:
+        raise ValueError(f"progressive_layer_drop needs pld_theta in (0, 1], got {pld_theta!r}")
+    return float(pld_theta)
+
+
 def masked_lm_loss_of_scores(prediction_scores, masked_lm_labels):
     """The MLM term from full prediction scores (B, L, V): cross-entropy in fp32, averaged over the
     positions whose label is not -1; 0 for a batch without any (not the NaN of a mean over
@@ -748,13 +635,16 @@ class BertForPreTrainingPreLN(nn.Module):
     Keyword arguments: `progressive_layer_drop` and `pld_theta`, which DeepSpeed's engine adds
     when PLD is on (layers drop only in training); any other keyword is ignored.
     `options`: ModelOptions, or the original's `args` (read once, by ModelOptions.from_args);
-    see ModelOptions.check for what cannot be combined.
+    see turing.model_options for what cannot be combined.
     """
+
+    architecture = "bert"     # bert_model_config's architecture (turing.arch)
+    refused_options = {}      # ModelOptions flags this block cannot run: {flag: why}
+    nsp_head = True           # it has a pooler and a next-sentence head
 
     def __init__(self, config, options=None):
         super().__init__()
-        options = ModelOptions.from_args(options)
-        options.check()
+        options = block_options(options, type(self))
         self.config = config
         sparse_attention = kernel_layers = None
         if options.deepspeed_sparse_attention:
@@ -798,14 +688,10 @@ class BertForPreTrainingPreLN(nn.Module):
                     nn.init.ones_(getattr(layer, name))
 
     def forward(self, batch, **kwargs):
-        input_ids, input_mask, segment_ids = batch[1], batch[2], batch[3]
-        next_sentence_labels, masked_lm_labels = batch[4], batch[5]
-        pld_theta = None
-        if kwargs.get("progressive_layer_drop", False):
-            pld_theta = kwargs.get("pld_theta")
-            if pld_theta is None or not 0.0 < float(pld_theta) <= 1.0:
-                raise ValueError(f"progressive_layer_drop needs pld_theta in (0, 1], got {pld_theta!r}")
-            pld_theta = float(pld_theta)
+        batch = as_batch(batch)
+        input_ids, input_mask, segment_ids = batch.input_ids, batch.input_mask, batch.segment_ids
+        next_sentence_labels, masked_lm_labels = batch.next_sentence_labels, batch.masked_lm_labels
+        pld_theta = layer_drop_theta(kwargs)
 
         if masked_lm_labels is None or next_sentence_labels is None:
             sequence_output, pooled_output = self.bert(input_ids, segment_ids, input_mask, pld_theta)

@@ -2,7 +2,7 @@
 two optimizer groups, the decayed one first (positional optimizer states rely on the order)."""
 
 NO_DECAY_NAMES = ("bias", "LayerNorm.bias", "LayerNorm.weight",
-                  # the modernbert block's LayerNorms (turing/modern.py: norm, attn_norm, final_norm, ...)
+                  # the modernbert block's LayerNorms (turing/arch/modernbert/model.py: norm, attn_norm, final_norm, ...)
                   "norm.weight",
                   # DeepSpeed transformer-kernel names
                   "attn_nw", "attn_nb", "norm_w", "norm_b", "attn_qkvb", "attn_ob", "inter_b", "output_b")

@@ -1,105 +1,30 @@
-"""The run's configuration and its state: reading and checking the job config, the DeepSpeed
-config and the command line's values (`complete_arguments`, before any work: every bad value
-is one InputError line naming the key or flag), the RunConfig the program is handed, and the
-RunState it counts its progress in, saved in every checkpoint.
+"""The run's configuration: reading and checking the job config, the DeepSpeed config and the
+command line's values (`complete_arguments`, before any work: every bad value is one InputError
+line naming the key or flag) and the RunConfig the program is handed. (The RunState it counts its
+progress in is turing/run_state.py's.)
 """
 import dataclasses
 import logging
 import math
-import numbers
 import os
 from typing import Optional
 
+from turing.arch import architecture_of, model_config_from_dict, spec_of
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
-from turing.epoch_plan import EpochPlan
 from turing.errors import InputError
 from turing.flops import MEASURE
-from turing.job_config import NSP_ARCHITECTURES, JobConfig, config_vocab_size
+from turing.job_config import JobConfig, config_vocab_size
 from turing.jsonfile import json_kind, read_json
 from turing.lr_schedule import COOLDOWN_PROPORTION, COOLDOWN_SHAPES, LR_SCHEDULES, schedule_help
-from turing.modeling import BertConfigError, ModelOptions
-from turing.models import model_config_from_dict
+from turing.model_options import ModelOptions
+from turing.modeling import BertConfigError
 from turing.pretrained import bert_model_config, is_hf_folder, locate, open_trained
 from turing.process import Ranks
 from turing.sinks import check_report_to
-from turing.tokenization import BertTokenizer, load_tokenizer, tokenizer_file, vocab_digest, vocab_size
+from turing.tokenization import (BertTokenizer, folder_lower_case, load_tokenizer, tokenizer_file, vocab_digest,
+                               vocab_size)
 
 logger = logging.getLogger("bing_bert")
-
-@dataclasses.dataclass
-class RunState:
-    """Everything that counts progress, and the phase and batch layout it was counted in; saved
-    in every checkpoint's client state (ints and floats only, so a checkpoint loads with
-    torch.load(..., weights_only=True)) under the keys of CLIENT_KEYS, and read back by
-    `from_client_state`. A new field is saved and restored once it has a line there."""
-    epoch: int = 0                  # epochs finished (= index of the epoch in progress)
-    epoch_micro_step: int = 0       # micro-batches of that epoch already trained on
-    global_step: int = 0            # optimizer steps taken
-    global_data_samples: int = 0    # samples seen (all ranks)
-    rewarmup_offset: int = 0        # global step at which the LR warmup (re)started
-    train_seconds: float = 0.0      # training wall time of earlier sessions (--max_train_hours)
-    restore_step: int = 0           # not saved: the global step this session was restored at
-    nonfinite_in_a_row: int = 0     # not saved: a run stopped by them resumes counting afresh
-    nonfinite_total: int = 0
-    seq_length: int = 0             # --max_seq_length trained at: the phase (0: not recorded)
-    micro_batch: int = 0            # micro batch per rank epoch_micro_step counts in (0: not recorded)
-    grad_accum: int = 0             # gradient accumulation steps, likewise
-    world: int = 0                  # ranks, likewise
-    # The layout (ranks, micro batch, accumulation) the epoch in progress began with, whose sample
-    # order it follows to its end, when it differs from this run's (0: the same)
-    plan_world: int = 0
-    plan_micro_batch: int = 0
-    plan_grad_accum: int = 0
-
-    # field -> client-state key. The first three are the original's keys (and the only ones its
-    # checkpoints have: the other fields keep their defaults when a checkpoint lacks them).
-    CLIENT_KEYS = {"epoch": "epoch", "global_step": "last_global_step",
-                   "global_data_samples": "last_global_data_samples",
-                   "epoch_micro_step": "epoch_micro_step", "rewarmup_offset": "rewarmup_offset",
-                   "train_seconds": "train_seconds", "nonfinite_total": "nonfinite_total",
-                   "seq_length": "seq_length", "micro_batch": "micro_batch", "grad_accum": "grad_accum",
-                   "world": "world_size", "plan_world": "epoch_plan_world",
-                   "plan_micro_batch": "epoch_plan_micro_batch", "plan_grad_accum": "epoch_plan_grad_accum"}
-    REQUIRED = ("epoch", "global_step", "global_data_samples")
-    LAYOUT = ("seq_length", "micro_batch", "grad_accum", "world")  # this run's own, never taken from a checkpoint
-
-    def to_client_state(self):
-        return {key: getattr(self, name) for name, key in self.CLIENT_KEYS.items()}
-
-    def layout(self):
-        return EpochPlan(self.world, self.micro_batch, self.grad_accum)
-
-    def epoch_plan(self):
-        """The layout the epoch in progress began with, None when it is this run's."""
-        plan = EpochPlan(self.plan_world, self.plan_micro_batch, self.plan_grad_accum)
-        return None if not self.plan_world or plan == self.layout() else plan
-
-    @classmethod
-    def missing_keys(cls, client):
-        """The required client-state keys `client` lacks (not written by this program or the original)."""
-        return [cls.CLIENT_KEYS[name] for name in cls.REQUIRED if cls.CLIENT_KEYS[name] not in client]
-
-    @classmethod
-    def bad_value(cls, client):
-        """The first client-state value that cannot be a run's position ('KEY V: expected ...'), or
-        None: every count a whole number >= 0, train_seconds a finite number >= 0 (a checkpoint
-        whose state says step -1000 or nan seconds would train at a negative LR or never stop)."""
-        for name, key in cls.CLIENT_KEYS.items():
-            if key not in client:
-                continue
-            value = client[key]
-            if name == "train_seconds":
-                if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
-                    return f"{key} {value!r}: expected a finite number of seconds >= 0"
-            elif isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                return f"{key} {value!r}: expected a whole number >= 0"
-        return None
-
-    @classmethod
-    def from_client_state(cls, client):
-        """The run state a checkpoint saved; fields it lacks (older or the original's
-        checkpoints) keep their defaults."""
-        return cls(**{name: client[key] for name, key in cls.CLIENT_KEYS.items() if key in client})
 
 
 def _read_json(path, what):
@@ -192,6 +117,8 @@ def complete_arguments(args):
                          f"name: the run writes OUT/saved_models/NAME and OUT/runs/NAME")
     args.vocab_file = resolve_vocab_file(_require(config, ["bert_token_file"], args.config_file),
                                          args.data_path_prefix, args.config_file)
+    if args.do_lower_case is None:   # neither flag given: as the vocab.txt's folder says, else on (the original's)
+        args.do_lower_case = folder_lower_case(tokenizer_file(args.vocab_file))
     tokenizer, args.vocab_size = model_rows(args.vocab_file, config["bert_model_config"], args.config_file)
     vocab = tokenizer.vocab
     if isinstance(tokenizer, BertTokenizer) and len(vocab) < vocab_size(vocab):
@@ -262,12 +189,16 @@ def settings_from_pretrained(args, config):
     section's next_sentence_prediction is then false where the folder has no NSP head to train
     (a BertForMaskedLM, a RobertaPreLayerNorm) and the section does not say. Values the job config
     gives are checked against the folder where --use_pretrain loads it
-    (turing.pretrained.check_job_settings)."""
+    (turing.pretrained.check_job_settings). bert_model_file is found here, before any work, where
+    the run needs it (--use_pretrain, or the keys it gives): as a path, or a model id in the local
+    Hugging Face cache (turing.pretrained.locate); a name found nowhere is one error line."""
     missing = [key for key in ("bert_model_config", "bert_token_file") if not config.get(key)]
-    path = locate(config.get("bert_model_file"), args.data_path_prefix)
-    if not missing or path is None or not is_hf_folder(path):
+    if not missing and not args.use_pretrain:
         return
     try:
+        path = locate(config.get("bert_model_file"), args.data_path_prefix)
+        if not missing or path is None or not is_hf_folder(path):
+            return
         trained = open_trained(path)
         # vocab_size: the ids its rows stand for (config.json's), not our padded rows, so that an
         # embedding padded past a tokenizer.json's ids keeps its rows and its export its vocab_size
@@ -277,7 +208,7 @@ def settings_from_pretrained(args, config):
                                      or trained.require_tokenizer("the job config's bert_token_file").path)
     except InputError as e:
         raise InputError(f"{args.config_file}: bert_model_file {e}") from None
-    if trained.architecture in NSP_ARCHITECTURES and not trained.nsp_head:
+    if spec_of(trained.architecture).nsp_head and not trained.nsp_head:
         config["training"].setdefault("next_sentence_prediction", False)
     logger.info("%s: %s from %s (architecture %s)", args.config_file, " and ".join(missing), path,
                 trained.architecture)
@@ -415,12 +346,15 @@ def check_recipe(args, training, where, config=None):
                          f"(the original's [0.8, 0.1, 0.1]), got {split!r}")
     # The original's NSP term is on unless switched off; an architecture without an NSP head (the
     # modernbert one: ModernBERT trains the MLM loss alone) has it off, and it cannot be turned on.
-    model_config = (config or {}).get("bert_model_config")
-    architecture = model_config.get("architecture", "bert") if isinstance(model_config, dict) else "bert"
-    nsp = training.get("next_sentence_prediction", architecture in NSP_ARCHITECTURES)
+    architecture = architecture_of((config or {}).get("bert_model_config"))
+    try:
+        has_nsp_head = spec_of(architecture).nsp_head
+    except BertConfigError as e:
+        raise InputError(f"{args.config_file}: {e}") from None
+    nsp = training.get("next_sentence_prediction", has_nsp_head)
     if not isinstance(nsp, bool):
         raise InputError(f"{where}: next_sentence_prediction must be true or false, got {nsp!r}")
-    if nsp and architecture not in NSP_ARCHITECTURES:
+    if nsp and not has_nsp_head:
         raise InputError(f"{where}: next_sentence_prediction is true, but bert_model_config.architecture "
                          f"'{architecture}' has no next-sentence head; set it false or leave it out")
     args.next_sentence_prediction = nsp
@@ -490,10 +424,9 @@ class RunConfig:
     validation_data_path_prefix: Optional[str]
     vocab_file: str                  # resolved bert_token_file: the tokenizer file (vocab.txt or tokenizer.json)
     vocab_size: int                  # the model's rows: the tokenizer's ids, rounded up to a multiple of 8
-    # the configs, read and checked: `job` typed (what the program reads), `config` the JSON as
-    # resolved for this sequence length (saved beside each checkpoint as job_config.json)
+    # the configs, read and checked: `job` the job config typed (what the program reads; the JSON
+    # as resolved for this sequence length is `config`), `ds_config` the DeepSpeed config
     job: JobConfig
-    config: dict
     ds_config: dict
     # data and batch layout
     max_seq_length: int
@@ -537,6 +470,12 @@ class RunConfig:
     report_to: tuple                 # the metrics sinks (turing.sinks)
     # the resolved command line, as saved beside every checkpoint (args.json) and logged
     arguments: dict
+
+    @property
+    def config(self):
+        """The job config's JSON as resolved for this sequence length (saved beside each checkpoint
+        as job_config.json), the one `job` was read from."""
+        return self.job.raw
 
     @property
     def local_rank(self):

@@ -1,5 +1,5 @@
 """Speed-ups the builder applies to a model from outside (`apply_speedups`, called by
-turing.models.pretraining_model and turing.glue.sequence_classifier), so that the model files read
+turing.arch.pretraining_model and turing.glue.sequence_classifier), so that the model files read
 as the model: each swaps a parameter-free module for one that computes the same function with less
 work on a CPU, keeping every state_dict key (the dropout draws the same keep rate from the
 generator in another way, so a run with the speed-ups and one without differ in their masks). CUDA (and torch.compile, which fuses these itself)

@@ -12,10 +12,12 @@ from google.protobuf.message import DecodeError
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
 
+from turing.errors import InputValueError
+
 
 def iter_events(path):
     """The events of one file. A record whose length checksum is wrong, or whose data is not
-    an Event, raises ValueError naming the file: it is not (or no longer) an event file."""
+    an Event, raises InputValueError naming the file: it is not (or no longer) an event file."""
     with open(path, "rb") as f:
         while True:
             offset = f.tell()
@@ -24,7 +26,7 @@ def iter_events(path):
                 return
             length_bytes, (length_crc,) = header[:8], struct.unpack("<I", header[8:])
             if masked_crc32c(length_bytes) != length_crc:
-                raise ValueError(f"{path}: not a TensorBoard event file (bad record header at byte {offset})")
+                raise InputValueError(f"{path}: not a TensorBoard event file (bad record header at byte {offset})")
             (length,) = struct.unpack("<Q", length_bytes)
             data = f.read(length)
             f.read(4)
@@ -34,7 +36,7 @@ def iter_events(path):
             try:
                 event.ParseFromString(data)
             except DecodeError:
-                raise ValueError(f"{path}: not a TensorBoard event file (the record at byte {offset} "
+                raise InputValueError(f"{path}: not a TensorBoard event file (the record at byte {offset} "
                                  f"is no event)") from None
             yield event
 

@@ -10,6 +10,24 @@ made of) with its two kinds, `BertTokenizer` (vocab.txt) and `JsonTokenizer` (to
 encoder `build_fast_tokenizer` (a `tokenizers.Tokenizer`), the special-token id lookup and the
 model's padded vocab size.
 
+Identity (`Tokenizer.identity`, compared by `tokenizer_difference`): which tokenizer this is, from
+what decides its ids, never from its file's bytes, so that a vocab.txt and the tokenizer.json
+transformers writes from it (BertTokenizerFast.save_pretrained) are the same tokenizer: the model
+(its type and settings: a WordPiece's unk token, continuation prefix and longest word; a BPE's
+merges and a Unigram's scores by their sha256), the normalizer and the pre-tokenizer (a vocab.txt's
+are Google's BasicTokenizer, named as the `tokenizers` parts transformers writes for it: a
+BertNormalizer that cleans the text, splits CJK characters and, with do_lower_case, lower-cases and
+strips accents, and a BertPreTokenizer; a tokenizer.json's as its file writes them, a BertNormalizer's
+strip_accents null resolved to its lowercase, as BERT's rule and `tokenizers` read it), the added
+tokens beyond the special ones, the special tokens with their ids, the vocab size and the sha256 of
+the tokens in id order. What only shapes the output around the ids (the post-processor, which the
+readers replace with their own [CLS]/[SEP], the decoder, padding, truncation) is left out; so are the
+special tokens' being matched in the text, which a tokenizer.json does and Google's tokenizer does
+not (a corpus holding "[SEP]" literally). Equal identities mean the same definition: the two
+implementations still differ where the module's composition differs from the Rust BertNormalizer
+(below). A part longer than IDENTITY_PART_CHARS as JSON (a sentencepiece charsmap) is held by its
+type and sha256, so the record the shards carry (turing.shard_tokenizer) stays small.
+
 Special tokens: a vocab.txt's are BERT's five ([PAD], [UNK], [CLS], [SEP], [MASK]: the format has
 no other way to name them); a tokenizer.json's come from the tokenizer (special_tokens_map.json or
 tokenizer_config.json beside it, as transformers writes them, else its post-processor's cls/sep,
@@ -39,6 +57,7 @@ import tokenizers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
 from turing.errors import InputFileNotFoundError, InputValueError
+from turing.model_path import is_model_id, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +69,10 @@ TOKENIZER_FILES = (VOCAB_TXT, TOKENIZER_JSON)   # a folder's tokenizer: the firs
 # beside a tokenizer.json, where transformers writes its special tokens (cls_token, ...), read in this order
 SPECIAL_TOKEN_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 MAX_INPUT_CHARS_PER_WORD = 100
+# a vocab.txt's WordPiece model: its settings, as `tokenizers` names them (build_fast_tokenizer, identity)
+WORDPIECE = {"unk_token": UNK, "continuing_subword_prefix": "##", "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
+IDENTITY_PART_CHARS = 2000   # an identity's part longer than this as JSON is held by its type and sha256
+IDENTITY_KEYS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "vocab_size", "vocab_sha256", "special_tokens")
 # Google's _is_chinese_char ranges (CJK Unified Ideographs and extensions, compatibility forms).
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
                (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
@@ -131,8 +154,7 @@ def build_fast_tokenizer(vocab_file_or_vocab_dict, do_lower_case=True):
     if UNK not in vocab:
         raise InputValueError(f"{source} has no {UNK} token: WordPiece needs it for unknown words")
     clean, lower, pre = _google_rules()
-    tokenizer = tokenizers.Tokenizer(models.WordPiece(dict(vocab), unk_token=UNK, continuing_subword_prefix="##",
-                                                      max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    tokenizer = tokenizers.Tokenizer(models.WordPiece(dict(vocab), **WORDPIECE))
     tokenizer.normalizer = normalizers.Sequence(lower if do_lower_case else clean)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(pre)
     tokenizer.decoder = decoders.WordPiece(prefix="##")
@@ -152,12 +174,57 @@ def file_digest(path):
 vocab_digest = file_digest   # the name the checkpoints' readers know it by
 
 
+def _json_sha256(value):
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _compact(value):
+    """An identity's part as it is, or by its type and sha256 where its JSON is longer than IDENTITY_PART_CHARS."""
+    if len(json.dumps(value, sort_keys=True, ensure_ascii=False)) <= IDENTITY_PART_CHARS:
+        return value
+    kind = value.get("type") if isinstance(value, dict) else None
+    return {**({"type": kind} if kind else {}), "sha256": _json_sha256(value)}
+
+
+def _bert_text(do_lower_case):
+    """(normalizer, pre-tokenizer) of Google's BasicTokenizer, as `tokenizers` names the parts that do
+    its work: strip_accents is do_lower_case, as in Google's tokenizer."""
+    return ({"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+             "strip_accents": do_lower_case, "lowercase": do_lower_case}, {"type": "BertPreTokenizer"})
+
+
+def _resolved(spec):
+    """A tokenizer.json normalizer with every BertNormalizer's strip_accents as it acts: null (what
+    transformers writes) strips accents exactly where it lower-cases."""
+    if isinstance(spec, list):
+        return [_resolved(s) for s in spec]
+    if not isinstance(spec, dict):
+        return spec
+    spec = {k: _resolved(v) for k, v in spec.items()}
+    if spec.get("type") == "BertNormalizer" and spec.get("strip_accents") is None:
+        spec["strip_accents"] = spec.get("lowercase")
+    return spec
+
+
+def _model_settings(model):
+    """A tokenizer.json model's settings that decide ids: all but its vocab (token -> id, which the
+    identity's vocab holds), its merges (BPE: "a b" in older files, ["a", "b"] since) and its
+    scores (Unigram's [token, score] vocab) by their sha256."""
+    found = {k: v for k, v in model.items() if k not in ("vocab", "merges")}
+    if "merges" in model:
+        found["merges_sha256"] = _json_sha256([m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]])
+    if isinstance(model.get("vocab"), list):
+        found["scores_sha256"] = _json_sha256([entry[1:] for entry in model["vocab"]])
+    return found
+
+
 class Tokenizer:
     """One tokenizer file and what every reader needs of it. `path`: the file; `name`: as the user
     named it (a file or a folder); `vocab` token -> id; `ids_to_tokens`; `special_tokens` role ->
     token and `special` role -> id (ROLES: pad, unk, cls, sep, mask); `vocab_size` the ids it
-    spans; `digest` its file's sha256; `do_lower_case` (a vocab.txt's; None for a tokenizer.json,
-    whose normalizer says). Subclasses: BertTokenizer (vocab.txt), JsonTokenizer (tokenizer.json)."""
+    spans; `digest` its file's sha256; `identity` what decides its ids, whichever file holds it
+    (the module docstring); `do_lower_case` (a vocab.txt's; None for a tokenizer.json, whose
+    normalizer says). Subclasses: BertTokenizer (vocab.txt), JsonTokenizer (tokenizer.json)."""
 
     kind = None           # VOCAB_TXT or TOKENIZER_JSON: the file a copy of it is named
     unit = "token"        # what its pieces are called in messages
@@ -239,11 +306,29 @@ class Tokenizer:
         with open(self.path, "rb") as f:
             return {self.kind: f.read()}
 
+    def definition(self):
+        """(model, normalizer, pre-tokenizer, added tokens beyond the special ones) as `tokenizers`
+        names them: what decides its ids besides its vocab and special tokens."""
+        raise NotImplementedError
+
+    @functools.cached_property
+    def identity(self):
+        """Which tokenizer this is, from what decides its ids (the module docstring): a dict of JSON
+        values, equal for a vocab.txt and the tokenizer.json written from it; tokenizer_difference
+        says how two differ."""
+        model, normalizer, pre_tokenizer, added = self.definition()
+        tokens = [self.ids_to_tokens.get(i) for i in range(self.vocab_size)]
+        return {"model": _compact(model), "normalizer": _compact(normalizer), "pre_tokenizer": _compact(pre_tokenizer),
+                "added_tokens": _compact(added), "vocab_size": self.vocab_size, "vocab_sha256": _json_sha256(tokens),
+                "special_tokens": {role: [token, self.special[role]] for role, token in self.special_tokens.items()}}
+
     def record(self):
-        """Which tokenizer this is, as the shards and checkpoints record it."""
+        """Which tokenizer this is, as the shards record it: its identity, and for people its name,
+        kind and file's sha256."""
         return {"name": self.name, "kind": self.kind, "sha256": self.digest,
                 "vocab_size": self.vocab_size,
-                "special_tokens": {role: [token, self.special[role]] for role, token in self.special_tokens.items()}}
+                "special_tokens": {role: [token, self.special[role]] for role, token in self.special_tokens.items()},
+                "identity": self.identity}
 
     def describe(self):
         return f"{self.name} (sha256 {self.digest[:12]})"
@@ -301,6 +386,9 @@ class BertTokenizer(Tokenizer):
         with open(self.path, encoding="utf-8") as f:
             return [line.rstrip() for line in f]
 
+    def definition(self):
+        return ({"type": "WordPiece", **WORDPIECE}, *_bert_text(self.do_lower_case), [])
+
     def record(self):
         return {**super().record(), "do_lower_case": self.do_lower_case}
 
@@ -330,10 +418,37 @@ class JsonTokenizer(Tokenizer):
         pre = json.dumps(spec.get("pre_tokenizer"))
         # byte-level BPE keeps a word's leading space in its first token ("Ġword"), as do Metaspace ones
         self.space_in_tokens = model != "WordPiece" and ("ByteLevel" in pre or "Metaspace" in pre)
+        # as the file writes them (not as this `tokenizers` would write them again: the same file is
+        # the same tokenizer whatever version reads it), the special tokens' entries in their own part
+        specials = set(self.special_tokens.values())
+        self._definition = (_model_settings(spec.get("model") or {}), _resolved(spec.get("normalizer")),
+                            spec.get("pre_tokenizer"),
+                            sorted((t for t in spec.get("added_tokens") or [] if t.get("content") not in specials),
+                                   key=lambda t: t["id"]))
 
-    @property
+    @functools.cached_property
     def backend(self):
-        return self._fast
+        """The file's own `tokenizers` encoder; for a tokenizer.json that is BERT's WordPiece (its
+        identity a vocab.txt's, as transformers writes one from a vocab.txt), the Google-exact encoder
+        of a vocab.txt (`build_fast_tokenizer`), so that the same identity gives the same ids: the
+        Rust BertNormalizer differs from Google's on rare characters (the module docstring) and
+        would match a literal "[SEP]" in the text as the special token."""
+        lower = self.wordpiece_lower_case
+        return self._fast if lower is None else build_fast_tokenizer(self.vocab, lower)
+
+    @functools.cached_property
+    def wordpiece_lower_case(self):
+        """do_lower_case of the vocab.txt tokenizer this tokenizer.json is the same as (model,
+        normalizer, pre-tokenizer and added tokens), or None where it is another kind."""
+        mine = [self.identity[key] for key in ("model", "normalizer", "pre_tokenizer", "added_tokens")]
+        for lower in (True, False):
+            model, normalizer, pre_tokenizer = {"type": "WordPiece", **WORDPIECE}, *_bert_text(lower)
+            if mine == [_compact(model), _compact(normalizer), _compact(pre_tokenizer), _compact([])]:
+                return lower
+        return None
+
+    def definition(self):
+        return self._definition
 
     def model_vocab(self, config_vocab_size=None):
         """The tokenizer's ids, or the model config's vocab_size where larger: an embedding padded
@@ -343,6 +458,86 @@ class JsonTokenizer(Tokenizer):
     def files(self):
         roles = {f"{role}_token": token for role, token in self.special_tokens.items()}
         return {**super().files(), SPECIAL_TOKEN_FILES[0]: (json.dumps(roles, indent=2) + "\n").encode()}
+
+
+def tokenizer_difference(ours, theirs, whose="the other's"):
+    """How tokenizer `ours` differs from `theirs`, in a few words (`whose` names theirs: "the shards'"),
+    None where they are the same tokenizer (equal identities). Each is a Tokenizer or an identity (a
+    record's). The first of: the model's type, then its settings; the normalizer (the lower-casing,
+    ...); the pre-tokenizer; the vocab size and the first id whose token differs, with both tokens
+    (where both are Tokenizers; of two identities, the sha256 of their tokens); a special token's id;
+    the added tokens."""
+    a, b = (t.identity if isinstance(t, Tokenizer) else t for t in (ours, theirs))
+    if a == b:
+        return None
+    if a["model"].get("type") != b["model"].get("type"):
+        return f"a {a['model'].get('type')} model ({whose} {b['model'].get('type')})"
+    for part in ("model", "normalizer", "pre_tokenizer"):
+        if a[part] != b[part]:
+            return _part_difference(part, a[part], b[part], whose)
+    words = []
+    if a["vocab_size"] != b["vocab_size"]:
+        words.append(f"vocab size {a['vocab_size']} ({whose} {b['vocab_size']})")
+    if isinstance(ours, Tokenizer) and isinstance(theirs, Tokenizer):
+        first = next((i for i in range(min(a["vocab_size"], b["vocab_size"]))
+                      if ours.ids_to_tokens.get(i) != theirs.ids_to_tokens.get(i)), None)
+        if first is not None:
+            words.append(f"id {first} is {_token(ours.ids_to_tokens.get(first))} "
+                         f"({whose} {_token(theirs.ids_to_tokens.get(first))})")
+    elif not words and a["vocab_sha256"] != b["vocab_sha256"]:
+        words.append(f"other tokens: the sha256 of its tokens in id order is {a['vocab_sha256'][:12]} "
+                     f"({whose} {b['vocab_sha256'][:12]})")
+    if words:
+        return ", ".join(words)
+    for role in ROLES:
+        (token, at), (their_token, their_at) = (x["special_tokens"].get(role, [None, None]) for x in (a, b))
+        if (token, at) != (their_token, their_at):
+            theirs_words = f"id {their_at}" if token == their_token else f"{their_token!r} id {their_at}"
+            return f"{role} token {token!r} id {at} ({whose} {theirs_words})"
+    return f"added tokens {_value(a['added_tokens'])} ({whose} {_value(b['added_tokens'])})"
+
+
+# a BertNormalizer's settings, as a difference names them
+_BERT_SETTINGS = {"lowercase": "lower-casing", "strip_accents": "accent stripping",
+                  "handle_chinese_chars": "CJK character splitting", "clean_text": "text cleaning"}
+
+
+def _part_difference(part, ours, theirs, whose):
+    """How a model, normalizer or pre-tokenizer spec differs from another of the same part, in a few words."""
+    name = part.replace("_", "-")
+    if not (isinstance(ours, dict) and isinstance(theirs, dict) and ours.get("type") == theirs.get("type")):
+        return f"{name} {_kind(ours)} ({whose} {_kind(theirs)})"
+    key = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+    if ours.get("type") == "BertNormalizer" and key in _BERT_SETTINGS:
+        return f"{_BERT_SETTINGS[key]} {_on(ours.get(key))} ({whose} {_on(theirs.get(key))})"
+    return (f"{ours.get('type')} {name}'s {key} {_value(ours.get(key), key)} "
+            f"({whose} {_value(theirs.get(key), key)})")
+
+
+def _kind(spec):
+    """A spec's type, a Sequence's with the types in it ("Sequence of NFD, Lowercase"); "none" for none."""
+    if not isinstance(spec, dict):
+        return "none"
+    inner = spec.get("normalizers") or spec.get("pretokenizers")
+    if spec.get("type") == "Sequence" and isinstance(inner, list):
+        return "Sequence of " + ", ".join(map(_kind, inner))
+    return str(spec.get("type"))
+
+
+def _on(value):
+    return {True: "on", False: "off"}.get(value, repr(value))
+
+
+def _token(token):
+    return "no token" if token is None else repr(token)
+
+
+def _value(value, key=""):
+    """A setting's value in a message: a digest (`key` *sha256) by its first 12 digits, anything by 60 characters."""
+    if key.endswith("sha256") and isinstance(value, str):
+        return value[:12]
+    text = repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _content(value):
@@ -425,8 +620,13 @@ def _special_tokens(path, spec, vocab):
 def tokenizer_file(path):
     """The tokenizer file `path` names: a vocab.txt or a tokenizer.json (any *.json file) as given,
     or the first of TOKENIZER_FILES a folder holds (a model folder, a prepare_data output, a
-    checkpoint); anything else is one error line."""
+    checkpoint; a sentence-transformers folder's Transformer module's; a model id's folder in the
+    local Hugging Face cache: turing.model_path, the rule the model's readers follow); anything
+    else is one error line."""
     path = os.fspath(path)
+    if os.path.isdir(path) or (not os.path.exists(path) and is_model_id(path)
+                               and not path.endswith((".txt", ".json"))):
+        path = resolve_model_path(path)
     if os.path.isdir(path):
         for name in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(path, name)):

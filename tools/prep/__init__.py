@@ -30,14 +30,16 @@ runs them (`prepare`); nothing here imports it, and turing/ imports nothing here
 record is turing/heldout.py's format, which the trainer reads).
 """
 
+from turing.errors import InputValueError
+
 TRAIN, VALIDATION = "train", "validation"     # the two sets, each a folder of OUT
 
 
-class CorpusError(ValueError):
+class CorpusError(InputValueError):
     """Input that cannot be read as its layout; the message names the file (and record or byte)."""
 
 
-class PrepareDataError(ValueError):
+class PrepareDataError(InputValueError):
     """Bad input or settings; the message names the file or flag and what was expected."""
 
 

@@ -4,7 +4,7 @@ Owns `PostLNConfig` (that architecture's `bert_model_config`: the original's key
 `layer_norm_eps`, as transformers' BertConfig names them) and `BertForPreTrainingPostLN`, the
 block of Devlin et al. 2019 as transformers' `BertModel` computes it, so that a stock
 `BertForMaskedLM` or `BertForPreTraining` (bert-base-uncased, ...) continues pretraining here
-(`turing.hf_convert` imports one, `tools/export_hf.py` writes one back). Knows nothing of training.
+(`turing/arch/bert_postln/hf.py` imports one and writes one back). Knows nothing of training.
 
 The block, as transformers' BertModel (post-LN):
 - embeddings: word + token type + learned absolute position, LayerNorm, dropout (our
@@ -25,19 +25,19 @@ vocab padding rows. The forward, `predict`, `encode` and `mlm_scores` are the pr
 (`BertForPreTrainingPreLN`): the loss is the MLM term over the masked rows only, plus the NSP term
 when the options' next_sentence_prediction is on; `--unpad` runs the encoder on the real tokens
 (`turing.modeling.Unpadding`), `--checkpoint_activations` recomputes each layer in backward.
-Refused (`ModelOptions.check`): progressive layer drop, DeepSpeed's transformer kernel and
+Refused (`refused_options`): progressive layer drop, DeepSpeed's transformer kernel and
 block-sparse attention. Fresh weights (the pooler and NSP head a BertForMaskedLM lacks) start as
 transformers' do: normal(0, initializer_range), zero biases, unit LayerNorms.
 """
-import dataclasses
 import math
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from turing.model_options import block_options
 from turing.modeling import (_ACTIVATIONS, LAYER_NORM_EPS, BertConfig, BertConfigError, BertEmbeddings,
                              BertForPreTrainingPreLN, BertModel, BertPreTrainingHeads, BertSelfAttention,
-                             MaskedLMLoss, ModelOptions)
+                             MaskedLMLoss)
 
 ARCHITECTURE = "bert_postln"
 
@@ -50,16 +50,17 @@ class PostLNConfig(BertConfig):
 
     def __init__(self, vocab_size, layer_norm_eps=LAYER_NORM_EPS, **values):
         if isinstance(vocab_size, str):
-            raise BertConfigError(f"bert_model_config (architecture {ARCHITECTURE}): the vocab size must be an int")
+            raise BertConfigError(f"bert_model_config (architecture {self.architecture}): the vocab size must be "
+                                  "an int")
         super().__init__(vocab_size, **values)
         if (isinstance(layer_norm_eps, bool) or not isinstance(layer_norm_eps, (int, float))
                 or not 0 < layer_norm_eps < math.inf):
-            raise BertConfigError(f"bert_model_config (architecture {ARCHITECTURE}): layer_norm_eps must be a "
+            raise BertConfigError(f"bert_model_config (architecture {self.architecture}): layer_norm_eps must be a "
                                   f"finite number > 0, got {layer_norm_eps!r}")
         self.layer_norm_eps = layer_norm_eps
 
     def to_dict(self):
-        return {"architecture": ARCHITECTURE, **super().to_dict()}
+        return {"architecture": self.architecture, **super().to_dict()}
 
 
 def _layer_norm(config):
@@ -180,20 +181,23 @@ class PostLNPredictionHeadTransform(nn.Module):
         return self.LayerNorm(self.act(self.dense(hidden_states)))
 
 
-def postln_options(options):
-    """ModelOptions of this architecture from `options` (a command line, ModelOptions or None)."""
-    return dataclasses.replace(ModelOptions.from_args(options), architecture=ARCHITECTURE)
-
-
 class BertForPreTrainingPostLN(BertForPreTrainingPreLN):
     """The post-LN BERT with its MLM and NSP heads; `forward(batch, **kwargs)`, `predict`, `encode`
     and `mlm_scores` as BertForPreTrainingPreLN's (the batch, the loss, the scores). `options`:
-    ModelOptions or a command line; see ModelOptions.check for what is refused."""
+    ModelOptions or a command line; `refused_options` says what is refused."""
+
+    architecture = ARCHITECTURE
+    refused_options = {
+        "deepspeed_transformer_kernel": "this build wires DeepSpeed's fused layer for the pre-LN block only",
+        "deepspeed_sparse_attention": "its layouts are wired for the original pre-LN block only",
+        "progressive_layer_drop": "skipping a layer needs the pre-LN block's identity path (Zhang & He 2020 "
+                                  "switch BERT to pre-LN for it); the post-LN block has a LayerNorm on it",
+    }
+    nsp_head = True
 
     def __init__(self, config, options=None):
         nn.Module.__init__(self)
-        options = postln_options(options)
-        options.check()
+        options = block_options(options, type(self))
         self.config = config
         self.bert = PostLNModel(config, bool(options.checkpoint_activations))
         self.unpad = bool(options.unpad)

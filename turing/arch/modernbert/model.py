@@ -5,7 +5,7 @@ Face's `ModernBertConfig`'s where the concept is the same), `ModernForPreTrainin
 encoder, MLM head, the pretraining loss; `forward(batch)` like `BertForPreTrainingPreLN`'s),
 `ModernEncoder` (what fine-tuning sits on, `model.bert`) and `ModernPredictionHead`. Knows
 nothing of training; the shared pieces (the fused vocab projection + cross-entropy, the CPU
-dropout, `Unpadding`, `pretraining_loss`, `ModelOptions`) are `turing.modeling`'s.
+dropout, `Unpadding`, `pretraining_loss`) are `turing.modeling`'s, the options `turing.model_options`'.
 
 The block, as ModernBERT (Warner et al. 2024) and `transformers`' ModernBertModel compute it:
 - embeddings: token embedding, LayerNorm, dropout; no position table, no token types (segment
@@ -38,13 +38,13 @@ positions are the columns, so RoPE and the band are the padded model's.
 Parameter names are `transformers`' ModernBertForMaskedLM's under our two roots: `bert.` for its
 `model.` (embeddings.tok_embeddings, embeddings.norm, layers.N.{attn_norm, attn.Wqkv, attn.Wo,
 mlp_norm, mlp.Wi, mlp.Wo}, final_norm) and `cls.` for its `head.` and `decoder.`, so the export
-(`turing.hf_convert`) renames the roots and drops the vocab padding rows, nothing else.
+(`turing/arch/modernbert/hf.py`) renames the roots and drops the vocab padding rows, nothing else.
 Initialisation is `transformers`' (truncated normal at `initializer_cutoff_factor` stds;
 Wo of attention and MLP and the head's dense at initializer_range / sqrt(2 x layers)).
 
 Options: `--unpad`, `--checkpoint_activations`, `--compile` and progressive layer drop apply;
 DeepSpeed's transformer kernel (the original block, fused) and `--deepspeed_sparse_attention`
-(DeepSpeed's layouts for the original block) do not, and `ModelOptions.check` refuses them.
+(DeepSpeed's layouts for the original block) do not, and `refused_options` refuses them.
 """
 import copy
 import dataclasses
@@ -58,8 +58,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from turing.errors import InputValueError
-from turing.modeling import (_ACTIVATIONS, BertConfigError, MaskedLMLoss, ModelOptions, Unpadding,
-                             _extended_attention_mask, config_values, pretraining_loss)
+from turing.model_options import block_options
+from turing.batch import as_batch
+from turing.modeling import (_ACTIVATIONS, BertConfigError, MaskedLMLoss, Unpadding, _extended_attention_mask,
+                             config_values, layer_drop_theta, pretraining_loss)
 
 ARCHITECTURE = "modernbert"
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types names
@@ -428,17 +430,6 @@ class ModernMLMHead(nn.Module):
         return self.decoder(self.head(hidden_states))
 
 
-def modern_options(options):
-    """ModelOptions of this architecture from `options` (a command line, ModelOptions or None): its
-    values with architecture modernbert; where it does not say, next-sentence prediction is off
-    (there is no NSP head, and ModelOptions.check refuses it on)."""
-    resolved = ModelOptions.from_args(options)
-    changes = {"architecture": ARCHITECTURE}
-    if not hasattr(options, "next_sentence_prediction"):
-        changes["next_sentence_prediction"] = False
-    return dataclasses.replace(resolved, **changes)
-
-
 def trunc_normal_(weight, std, cutoff):
     nn.init.trunc_normal_(weight, 0.0, std, a=-cutoff * std, b=cutoff * std)
 
@@ -451,13 +442,21 @@ class ModernForPreTraining(nn.Module):
     masked_lm_labels), as for BertForPreTrainingPreLN; segment ids and next-sentence labels are
     not read. With labels None, returns (prediction_scores (B, L, V), None): there are no NSP
     scores. Keyword arguments: `progressive_layer_drop` and `pld_theta`, as the engine passes
-    them; any other keyword is ignored. `options`: ModelOptions or a command line (`modern_options`).
+    them; any other keyword is ignored. `options`: ModelOptions or a command line (where it does not
+    say, next-sentence prediction is off: there is no NSP head; `refused_options` says what else is refused).
     """
+
+    architecture = ARCHITECTURE
+    refused_options = {
+        "deepspeed_transformer_kernel": "DeepSpeed's fused layer computes the original BERT block",
+        "deepspeed_sparse_attention": "its layouts are for the original block; the modern block has its own "
+                                      "sliding-window attention (local_attention)",
+    }
+    nsp_head = False
 
     def __init__(self, config, options=None):
         super().__init__()
-        options = modern_options(options)
-        options.check()
+        options = block_options(options, type(self))
         self.config = config
         self.bert = ModernEncoder(config, bool(options.checkpoint_activations))
         self.cls = ModernMLMHead(config, self.bert.embeddings.tok_embeddings.weight)
@@ -484,14 +483,10 @@ class ModernForPreTraining(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def forward(self, batch, **kwargs):
-        input_ids, input_mask = batch[1], batch[2]
-        next_sentence_labels, masked_lm_labels = batch[4], batch[5]
-        pld_theta = None
-        if kwargs.get("progressive_layer_drop", False):
-            pld_theta = kwargs.get("pld_theta")
-            if pld_theta is None or not 0.0 < float(pld_theta) <= 1.0:
-                raise ValueError(f"progressive_layer_drop needs pld_theta in (0, 1], got {pld_theta!r}")
-            pld_theta = float(pld_theta)
+        batch = as_batch(batch)
+        input_ids, input_mask = batch.input_ids, batch.input_mask
+        next_sentence_labels, masked_lm_labels = batch.next_sentence_labels, batch.masked_lm_labels
+        pld_theta = layer_drop_theta(kwargs)
         if masked_lm_labels is None:
             return self.cls(self.bert(input_ids, input_mask, pld_theta)), None
 

@@ -1,0 +1,11 @@
+"""The "roberta" architecture: the block of RoBERTa, XLM-R and CamemBERT (`model.py`: post-LN BERT with
+RoBERTa's positions, one token type, no pooler or NSP head), its fine-tuning head (`classifier.py`)
+and its Hugging Face adapter, RobertaForMaskedLM, XLMRobertaForMaskedLM and CamembertForMaskedLM
+and their bare encoders (`hf.py`)."""
+from turing.arch.roberta.classifier import roberta_classifier
+from turing.arch.roberta.hf import ADAPTER
+from turing.arch.roberta.model import ARCHITECTURE, RobertaConfig, RobertaForPreTraining, roberta_training_flops
+from turing.arch.spec import ArchSpec
+
+SPEC = ArchSpec(name=ARCHITECTURE, config=RobertaConfig, model=RobertaForPreTraining, classifier=roberta_classifier,
+                flops=roberta_training_flops, hf=ADAPTER)
