@@ -34,7 +34,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from data_formats import DATA_FORMATS, validation_format  # noqa: F401 (DATA_FORMATS: importable from here too)
 from turing.arch import spec_of, training_flops
 from turing.batch import collate_batch
-from turing.checkpoint import resume_candidates
+from turing.checkpoint_files import resume_candidates
 from turing.checkpointer import Checkpointer, JobLock, check_output_shared, resume_source, universal_source, \
     write_engine_checkpoint
 from turing.clock import TrainClock

@@ -632,7 +632,7 @@ def main(argv=None):
              "hf": start_hf(hf_settings, hf_kill, env, False)}
     watch = {"ours": lambda: ours_progress(ours_log), "hf": lambda: hf_losses(hf_log)}
     killed = kill_all_after(procs, watch, kill_at)
-    from turing.checkpoint import complete_tags
+    from turing.checkpoint_files import complete_tags
 
     hf_complete = [(step, path) for step, path in hf_checkpoints(hf_kill) if hf_checkpoint_complete(path)]
     resumed_from = {"ours": max([tag_step(t) for t in complete_tags(os.path.join(ours_kill, "saved_models",

@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import turing.checkpointer  # noqa: E402
-from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
+from turing.checkpoint_files import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
 
 TAG, AT = os.environ["HELD_TAG"], os.environ["HELD_AT"]
 write_atomic = turing.checkpointer.write_atomic

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from tests.launch import TINY_CFG, one_error_line  # noqa: E402
 from testkit.synthetic import make_data_root  # noqa: E402
 from tools import eval_mlm  # noqa: E402
-from turing.checkpoint import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
+from turing.checkpoint_files import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
 from turing.modeling import BertConfig, BertForPreTrainingPreLN  # noqa: E402
 from turing.tb_events import read_run  # noqa: E402
 from turing.tokenization import vocab_size_padded  # noqa: E402

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
 from testkit.synthetic import SPECIALS, make_data_root  # noqa: E402
 from tools import export_hf  # noqa: E402
-from turing.checkpoint import load_checkpoint_state  # noqa: E402
+from turing.checkpoint_files import load_checkpoint_state  # noqa: E402
 from turing.errors import CheckpointNotFoundError, ConversionError  # noqa: E402
 from turing.arch.bert.hf import HF_MISSING_KEYS, hf_to_ours, ours_to_hf  # noqa: E402
 from turing.arch.hf_common import PADDED_ROW_BIAS  # noqa: E402

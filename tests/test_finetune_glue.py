@@ -25,7 +25,7 @@ from tests.launch import TINY_CFG, TINY_DS  # noqa: E402
 from testkit.synthetic import SPECIALS  # noqa: E402
 from tools import export_hf, finetune_glue, glue_table, make_probe_tasks, prepare_data  # noqa: E402
 from turing.glue import TASKS, collapse, compute_metrics, majority_baseline, read_examples, task_score  # noqa: E402
-from turing.checkpoint import load_checkpoint_state  # noqa: E402
+from turing.checkpoint_files import load_checkpoint_state  # noqa: E402
 
 TOPICS, WORDS_PER_TOPIC = 8, 3
 

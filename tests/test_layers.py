@@ -72,12 +72,12 @@ def test_the_pipeline_stages_import_no_tool_above_them():
 def test_one_way_to_open_a_trained_model():
     """The trainer's --use_pretrain, BertMultiTask.load and every tool read a trained model through
     turing/pretrained.py: no other module reads a checkpoint's, an export's or a state dict file's
-    weights itself (the readers' own modules, turing/checkpoint.py and turing/hf_folder.py, define
+    weights itself (the readers' own modules, turing/checkpoint_files.py and turing/hf_folder.py, define
     them), or fakes a run config to borrow the trainer's reader."""
     readers = {}
     calls = ("load_hf_folder(", "hf_folder_config(", "read_state_dict_file(", "load_checkpoint_state(",
              "load_pretrained_weights(SimpleNamespace")
-    owners = {os.path.join("turing", name) for name in ("pretrained.py", "checkpoint.py", "hf_folder.py")}
+    owners = {os.path.join("turing", name) for name in ("pretrained.py", "checkpoint_files.py", "hf_folder.py")}
     for folder in ("tools", ".", "turing", os.path.join("turing", "arch")):
         for name in python_files(os.path.join(REPO, folder)) if folder != "." else sorted(os.listdir(REPO)):
             path = os.path.normpath(os.path.join(folder, name))

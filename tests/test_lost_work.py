@@ -19,7 +19,7 @@ import deepspeed_train
 import turing.checkpointer
 from tests.launch import TINY_CFG, TINY_DS, start, tiny_args, train_in_process, wait_for_step
 from testkit.launcher import REPO, launch_env, train_cmd
-from turing.checkpoint import COMPLETE_MARKER, WRITING_MARKER, complete_tags, resume_candidates
+from turing.checkpoint_files import COMPLETE_MARKER, WRITING_MARKER, complete_tags, resume_candidates
 from turing.errors import InputError
 from turing.run_state import RunState
 from turing.tb_events import read_run

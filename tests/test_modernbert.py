@@ -22,7 +22,7 @@ import deepspeed_train  # noqa: E402
 from tests.launch import TINY_CFG, ds_config, expect_input_error, tiny_args, train_in_process  # noqa: E402
 from tools import export_hf, finetune_glue  # noqa: E402
 from turing.batch import Batch  # noqa: E402
-from turing.checkpoint import load_checkpoint_state  # noqa: E402
+from turing.checkpoint_files import load_checkpoint_state  # noqa: E402
 from turing.arch import training_flops  # noqa: E402
 from turing.flops import attended_pairs  # noqa: E402
 from turing.arch.modernbert.hf import hf_to_modern, modern_to_hf  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 from testkit.synthetic import make_data_root
 from tests.launch import (REPO, ds_config, event_files, launch, launch_env, new_event_losses, progress, start_held,
                           start_held_in_engine_write, tiny_argv, train_in_process, wait_for_line)
-from turing.checkpoint import WRITING_MARKER, complete_tags
+from turing.checkpoint_files import WRITING_MARKER, complete_tags
 from turing.tb_events import read_run
 
 MICRO, ACCUM = 16, 2

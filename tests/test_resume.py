@@ -7,7 +7,7 @@ import torch
 
 import deepspeed_train
 from tests.launch import tiny_argv
-from turing.checkpoint import COMPLETE_MARKER, complete_tags, resume_candidates
+from turing.checkpoint_files import COMPLETE_MARKER, complete_tags, resume_candidates
 from turing.errors import InputError
 from turing.modeling import BertForPreTrainingPreLN
 from turing.tb_events import read_run

@@ -29,7 +29,7 @@ from tests.launch import (TINY_CFG, ds_config, event_files, expect_input_error, 
                           start_held_before_marker, tiny_argv, train_in_process, train_losses, wait_for_line)
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from turing.batch import Batch  # noqa: E402
-from turing.checkpoint import complete_tags  # noqa: E402
+from turing.checkpoint_files import complete_tags  # noqa: E402
 from turing.errors import InputValueError  # noqa: E402
 from turing.arch.hf_common import PADDED_ROW_BIAS  # noqa: E402
 from turing.model_options import ModelOptions  # noqa: E402

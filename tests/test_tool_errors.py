@@ -20,7 +20,7 @@ import deepspeed_train
 from tests.launch import REPO, TINY_CFG, ds_config, one_error_line
 from tests.test_export_hf import tiny_run  # noqa: F401  (the shared session fixture)
 from tools import eval_mlm, export_hf, finetune_glue, plot_run
-from turing.checkpoint import MODEL_STATES_FILE, resolve_checkpoint_tag_dir
+from turing.checkpoint_files import MODEL_STATES_FILE, resolve_checkpoint_tag_dir
 
 
 def empty_checkpoint(folder):
@@ -35,7 +35,7 @@ def test_export_of_a_zero_byte_checkpoint_is_one_line(tmp_path, capsys):
     ckpt = empty_checkpoint(tmp_path / "ckpt")
     assert export_hf.main(["--checkpoint_dir", str(ckpt), "--output_dir", str(tmp_path / "hf")]) == 2
     line = one_error_line(capsys.readouterr().err)
-    # the trainer's rule for picking a checkpoint, cut-short files included (turing/checkpoint.py)
+    # the trainer's rule for picking a checkpoint, cut-short files included (turing/checkpoint_files.py)
     assert "no checkpoint there can be loaded (step1: mp_rank_00_model_states.pt is empty)" in line
     assert line.endswith("point --checkpoint_dir at another checkpoint")   # not the trainer's --job_name
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.launch import ds_config, expect_input_error, launch, tiny_args, train_in_process
 from tools import export_hf
-from turing.checkpoint import weights_only_loads
+from turing.checkpoint_files import weights_only_loads
 
 JOB = "tiny_bert"
 

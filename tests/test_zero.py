@@ -12,7 +12,7 @@ import deepspeed_train
 from tests.launch import expect_input_error, launch, progress, tiny_args, tiny_argv
 from testkit.launcher import TINY_CFG, TINY_DS
 from tools import export_hf
-from turing.checkpoint import load_checkpoint_state
+from turing.checkpoint_files import load_checkpoint_state
 from turing.tb_events import read_run
 
 TOLERANCE = 1e-5

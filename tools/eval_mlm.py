@@ -112,7 +112,7 @@ from bert_dataset_provider import ValidationSettings
 from data_formats import validation_format
 from tools.prep.documents import JSON_TOO_DEEP, not_text
 from turing.batch import Batch, collate_batch
-from turing.checkpoint import write_atomic
+from turing.checkpoint_files import write_atomic
 from turing.errors import InputError, InputValueError, tool_exit
 from turing.jsonfile import json_text
 from turing.outputs import content_sha256

@@ -126,7 +126,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from turing.checkpoint import write_atomic
+from turing.checkpoint_files import write_atomic
 from turing.errors import InputError, tool_exit
 from turing.glue import (TASKS, GlueError, collapse, collate, compute_metrics, encode, find_task, label_string,
                          majority_baseline, read_examples, results_table, sequence_classifier, task_score, tasks_in)

@@ -2,7 +2,7 @@
 not at all, restoring a run from one (also on another number of ranks), the RNG states they
 carry, and the job folder they live in (one run at a time, seen by every node).
 
-A checkpoint is OUT/saved_models/JOB/TAG (turing.checkpoint: tags, the markers, the pick rule,
+A checkpoint is OUT/saved_models/JOB/TAG (turing.checkpoint_files: tags, the markers, the pick rule,
 weights-only reading): the writing marker, then the engine's files of every rank, with the run
 state and every rank's RNG states in the client state (tensors, numbers and strings only, so that
 it loads weights-only), then rank 0's run files (job config, resolved arguments, DeepSpeed config,
@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from turing.checkpoint import (COMPLETE_MARKER, MODEL_STATES_FILE, WRITING_MARKER, check_weights_only, complete_tags,
+from turing.checkpoint_files import (COMPLETE_MARKER, MODEL_STATES_FILE, WRITING_MARKER, check_weights_only, complete_tags,
                                engine_tags, holds_checkpoints, none_loadable, not_loadable,
                                prune_interval_checkpoints, resume_candidates, sync_folder, unfinished_tags,
                                unfinished_write, weights_only_loads, write_atomic)

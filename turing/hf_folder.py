@@ -8,9 +8,9 @@ cache, a sentence-transformers folder).
 
 Weights: model.safetensors or the shards model.safetensors.index.json names; where a folder has
 none, pytorch_model.bin or the shards pytorch_model.bin.index.json names, read with torch's
-weights-only unpickler (turing.checkpoint.read_torch_file): a pickle that would build anything but
+weights-only unpickler (turing.checkpoint_files.read_torch_file): a pickle that would build anything but
 tensors and plain values is refused in one line naming the file, and nothing in it runs. Every
-tensor must be finite (turing.checkpoint.check_finite).
+tensor must be finite (turing.checkpoint_files.check_finite).
 """
 import json
 import os
@@ -19,7 +19,7 @@ import torch
 
 from turing.arch import hf_spec
 from turing.arch.hf_common import config_dict
-from turing.checkpoint import check_finite, read_torch_file
+from turing.checkpoint_files import check_finite, read_torch_file
 from turing.errors import CheckpointNotFoundError, ConversionError
 from turing.model_path import folder_model_type
 

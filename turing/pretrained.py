@@ -24,7 +24,7 @@ tokenizer file and lower-casing, and whether its weights hold a next-sentence he
 `TrainedModel.build()` is the model with those weights (or, random_init, its twin with fresh ones);
 `load_weights`, or `read_weights` and `load_into`, give them to a model built elsewhere (the
 trainer's engine). Every file is read weights-only and every tensor must be finite
-(turing.checkpoint); only the tensors an architecture's adapter lists as fresh may be absent (a
+(turing.checkpoint_files); only the tensors an architecture's adapter lists as fresh may be absent (a
 pooler and next-sentence head a masked-LM class lacks, the masked-LM head of a bare encoder): they
 keep the model's initialisation, transformers' own, and one warning line names them.
 """
@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from turing.arch import model_config_from_dict, pretraining_model, spec_of
-from turing.checkpoint import load_checkpoint_state, read_state_dict_file, resolve_checkpoint_tag_dir, step_of
+from turing.checkpoint_files import load_checkpoint_state, read_state_dict_file, resolve_checkpoint_tag_dir, step_of
 from turing.errors import ConversionError, InputValueError
 from turing.hf_folder import hf_folder_config, load_hf_folder
 from turing.model_path import is_hf_folder, resolve_model_path

@@ -3,14 +3,14 @@
     python -m turing.safe_run deepspeed.checkpoint.ds_to_universal --input_folder ... --output_folder ...
 
 DeepSpeed's command-line converters read checkpoints with the full unpickler, which runs any
-code a crafted file holds. Here they run under turing.checkpoint.weights_only_loads: torch.load
+code a crafted file holds. Here they run under turing.checkpoint_files.weights_only_loads: torch.load
 is weights-only whatever they ask, with the classes DeepSpeed's own checkpoints hold allowed
 (worker processes they fork inherit both).
 """
 import runpy
 import sys
 
-from turing.checkpoint import weights_only_loads
+from turing.checkpoint_files import weights_only_loads
 
 
 def main(argv):
