@@ -53,11 +53,15 @@ def column_names(specs):
     return columns
 
 
-def main(argv=None):
+def build_parser():
     parser = OneLineParser(description="Scores of several fine-tuning runs side by side.")
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH",
                         help="output folder (or results.json) of tools/finetune_glue.py")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     def run():
         runs, notes = {}, []

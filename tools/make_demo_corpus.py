@@ -21,6 +21,11 @@ import warnings
 
 from pydoc_data.topics import topics
 
+if not __package__:  # run as `python tools/make_demo_corpus.py`: import from the repository root, as `python -m` does
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from turing.errors import OneLineParser  # noqa: E402 (argparse only)
+
 logger = logging.getLogger(__name__)
 
 # Modules whose import has no side effects (no windows, browsers, terminal or network set-up)
@@ -209,13 +214,16 @@ def build_demo_corpus(path, max_bytes=None):
     return documents, sentences, size
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser():
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output", required=True, help="corpus file to write (one sentence per line)")
     parser.add_argument("--max_bytes", type=int, default=None,
                         help="stop after the last whole document within this size (default: all)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.max_bytes is not None and args.max_bytes <= 0:
         print(f"error: --max_bytes must be positive, got {args.max_bytes}", file=sys.stderr)

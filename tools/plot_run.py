@@ -210,14 +210,18 @@ def last_validation(run_dirs):
     return lines
 
 
-def main(argv=None):
+def build_parser():
     parser = OneLineParser(description="Plot training loss, learning rate, validation and throughput "
                                        "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard folder of a run")
     parser.add_argument("--output", "-o", default="loss.png", help="PNG file to write (default: loss.png)")
     parser.add_argument("--smooth", type=float, default=0.9,
                         help="EMA weight for the smoothed training loss, in [0, 1) (default: 0.9)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     output = output_path(args.output)
 

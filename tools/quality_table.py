@@ -182,12 +182,16 @@ def table(doc):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def build_parser():
     parser = OneLineParser(description="A checkpoint's quality beside its random-init twin.")
     parser.add_argument("--pretrained", required=True, help="tools/eval_mlm.py output folder of the checkpoint")
     parser.add_argument("--random_init", required=True, help="the same with --random_init")
     parser.add_argument("--output", default=None, help="write the table's numbers to this JSON file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     def run():
         results = {"pretrained": load(args.pretrained), "random_init": load(args.random_init)}

@@ -20,25 +20,51 @@ from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputValueError
 from turing.lr_schedule import COOLDOWN_PROPORTION
 
+def _key(default, meaning):
+    """A field of a job config section, its meaning kept for the configuration reference
+    (tools/config_reference.py)."""
+    return dataclasses.field(default=default, metadata={"help": meaning})
+
+
+# The job config's keys outside the training section, as the program reads them: key, type, meaning
+# (the configuration reference, tools/config_reference.py, prints them with TrainingSection's).
+JOB_KEYS = (
+    ("name", "str", "the run name (--job_name overrides it): OUT/saved_models/NAME, OUT/runs/NAME"),
+    ("bert_token_file", "path", "the tokenizer: a vocab.txt, a tokenizer.json, a folder holding one, or a model id "
+                                "in the Hugging Face cache; taken from bert_model_file's folder where left out"),
+    ("bert_model_file", "path", "--use_pretrain's trained model: a checkpoint, a state dict file, a Hugging Face "
+                                "folder or a model id in the Hugging Face cache (as given, else under "
+                                "--data_path_prefix)"),
+    ("bert_model_config", "object", "the model: its architecture and sizes (below); taken from bert_model_file's "
+                                    "config.json where left out"),
+    ("data.format", "str", "nvidia or bing (default: --use_nvidia_dataset's choice)"),
+    ("data.mixed_seq_datasets.<seq>", "object", "dataset name -> folder under --data_path_prefix for sequence length "
+                                                "<seq>: pretrain_dataset (nvidia), wiki_pretrain_dataset and/or "
+                                                "bc_pretrain_dataset (bing)"),
+    ("mixed_seq_training.<seq>", "object", "the training section of sequence length <seq> (below)"),
+    ("validation.path", "path", "the validation set under --validation_data_path_prefix"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingSection:
     """mixed_seq_training.<seq>: the schedule and the recipe switches of one sequence length.
     Defaults are the original's recipe; the first four the parser requires of a job config (None
     only in a hand-built section that does not train, a provider's test, say)."""
-    num_epochs: Optional[int] = None
-    learning_rate: Optional[float] = None
-    warmup_proportion: Optional[float] = None
-    total_training_steps: Optional[int] = None
-    decay_rate: Optional[float] = None      # LE, EE: LR x decay_rate ** ((step - warmup steps) / decay_step)
-    decay_step: Optional[float] = None
-    num_workers: int = 0                    # DataLoader workers per rank
-    async_worker: bool = False              # the Bing provider's AsyncWorker
-    weight_decay: float = 0.01
-    masked_lm_prob: float = MASKED_SHARE    # the Bing provider's dynamic masking
-    mask_split: Tuple[float, float, float] = tuple(MASK_SPLIT)
-    next_sentence_prediction: bool = True   # the NSP term (off by default for an architecture without an NSP head)
-    cooldown_proportion: float = COOLDOWN_PROPORTION   # WSD, budget
-    cooldown_shape: str = "linear"
+    num_epochs: Optional[int] = _key(None, "epochs of this sequence length (required)")
+    learning_rate: Optional[float] = _key(None, "peak learning rate (required)")
+    warmup_proportion: Optional[float] = _key(None, "share of total_training_steps the warmup takes (required)")
+    total_training_steps: Optional[int] = _key(None, "the schedule's length in optimizer steps (required)")
+    decay_rate: Optional[float] = _key(None, "LE, EE: LR x decay_rate ** ((step - warmup steps) / decay_step)")
+    decay_step: Optional[float] = _key(None, "LE, EE: steps per decay_rate factor")
+    num_workers: int = _key(0, "DataLoader workers per rank")
+    async_worker: bool = _key(False, "the Bing provider's AsyncWorker (true/false)")
+    weight_decay: float = _key(0.01, "AdamW/LAMB weight decay (biases and LayerNorms: none)")
+    masked_lm_prob: float = _key(MASKED_SHARE, "the Bing provider's dynamic masking: share of tokens masked")
+    mask_split: Tuple[float, float, float] = _key(tuple(MASK_SPLIT), "[mask, random, keep] shares of the masked tokens")
+    next_sentence_prediction: bool = _key(True, "the NSP term (default: on where the architecture has an NSP head)")
+    cooldown_proportion: float = _key(COOLDOWN_PROPORTION, "WSD, budget: share of the run the final decay takes")
+    cooldown_shape: str = _key("linear", "WSD, budget: the decay's shape")
 
     @classmethod
     def from_dict(cls, section, architecture=DEFAULT_ARCHITECTURE, where="job config mixed_seq_training.<seq>"):

@@ -143,6 +143,29 @@ def complete_arguments(args):
 # DeepSpeed's 1-bit optimizers (CUDA and cupy only), which the program gives position-masked groups
 ONEBIT_OPTIMIZERS = ("onebitadam", "onebitlamb", "zerooneadam")
 
+# The DeepSpeed config's keys this program reads or checks itself before DeepSpeed does: key, type,
+# default, meaning (the configuration reference, tools/config_reference.py); every other key is
+# DeepSpeed's own, passed to the engine as written.
+DS_CONFIG_KEYS = (
+    ("train_batch_size", "int", "micro x accumulation x ranks", "the global batch (sequences an optimizer step)"),
+    ("train_micro_batch_size_per_gpu", "int", "train_batch_size / (accumulation x ranks)",
+     "sequences a rank's forward takes"),
+    ("gradient_accumulation_steps", "int", "train_batch_size / (micro x ranks)", "micro batches an optimizer step"),
+    ("optimizer.type", "str", "none", "a DeepSpeed optimizer (Lamb, Adam, AdamW, OneBitAdam, OneBitLamb, "
+                                      "ZeroOneAdam) or a torch.optim class name"),
+    ("optimizer.params", "object", "{}", "lr, betas, eps, weight_decay, and the optimizer's own (LAMB's "
+                                         "max_coeff, min_coeff, bias_correction)"),
+    ("gradient_clipping", "float", "0 (none)", "clip the global gradient norm"),
+    ("fp16.enabled", "bool", "false", "fp16 with loss scaling (CUDA only)"),
+    ("bf16.enabled", "bool", "false", "bf16"),
+    ("zero_optimization.stage", "int", "0", "ZeRO stage 0-3"),
+    ("sparse_attention", "object", "none", "--deepspeed_sparse_attention's layout (mode fixed, block 16, ...)"),
+    ("progressive_layer_drop", "object", "none", "enabled, theta (0.5: the final keep rate), gamma (0.001: its decay "
+                                                 "rate); on with --progressive_layer_drop"),
+    ("checkpoint.load_universal", "bool", "false", "set by the program itself where it resumes a ZeRO checkpoint "
+                                                   "on another number of ranks"),
+)
+
 
 def check_ds_config(ds_config, path):
     """The DeepSpeed config's blocks that DeepSpeed itself would only fail on deep in the engine's
