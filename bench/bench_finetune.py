@@ -30,12 +30,14 @@ Per task, both at the same time, --threads each (OMP_WAIT_POLICY=PASSIVE; both s
   AdamW betas/eps/weight decay (biases and LayerNorms undecayed in both), the same warmup steps
   and linear decay to 0, clipping, epochs, batch, seed; the same TSV files (read by
   turing.glue.read_examples), tokenized by the stock folder's own `AutoTokenizer` (pair truncation
-  longest-first; the bench counts the examples whose ids equal ours), padded per batch
+  longest_first; the bench counts the examples whose ids equal ours), padded per batch
   (`DataCollatorWithPadding`, the Trainer's default), dropout from the config (0.1) in both;
   scored by `trainer.predict` on the dev file with turing.glue's metrics. What is not matched: the
   Trainer's linear warmup starts at LR 0 (ours at peak/warmup), so in warmup its LR is one step
-  behind; its AdamW is torch's fused one (its default), ours torch's default; each draws its own
-  head initialisation and batch order from its seed.
+  behind; its AdamW is torch's fused one (its default), ours torch's default; a pair cut to an odd
+  budget gives the spare token to the first segment in ours (the original's _truncate_seq_pair), to
+  the second in theirs; each draws its own pooler and head initialisation and batch order from its
+  seed (the same seed numbers, not the same draws).
 
 Reported per task: the dev metric of every seed, their mean and min-max, the reported run's (the
 lower median, finetune_glue's `score`) 95% percentile bootstrap interval over the dev examples
@@ -46,8 +48,9 @@ steps while both were training, and the ratio ours/theirs.
 
 Prints a table and the JSON line it appends to --output.
 
-    python bench/bench_finetune.py                 # about 18 minutes on 2 cores (the stock model made first)
+    python bench/bench_finetune.py     # 12 minutes on 2 cores, 3 of them the stock model's (made once)
     python bench/bench_finetune.py --tiny --work /tmp/ft_tiny --general GENERAL   # the pipeline in seconds
+    (GENERAL: any small tools/prepare_data.py output with --validation_fraction; tests/test_benches.py makes one)
 """
 import argparse
 import glob
@@ -73,14 +76,14 @@ SOURCE = "source"                 # licence text or the general corpus, in SST-2
 TASK_OF = {ACCEPTABILITY: "cola", SOURCE: "sst2"}
 PROBES = ("probe_swap", "probe_samedoc", "probe_order")
 LICENCE_MB = 1.5                  # licence text read for the source task (bench_continued's --domain_mb)
-MIN_WORDS, MAX_WORDS = 6, 20       # sentence lengths of the acceptability task (make_minimal_pairs' defaults)
+MIN_WORDS, MAX_WORDS = 6, 20      # sentence lengths of acceptability and source (make_minimal_pairs' defaults)
 PAIRS_PER_KIND = 100              # bench_continued's minimal pairs, made with the demo data (its cache)
 TINY = {"seeds": 1, "epochs": 1, "tasks": "probe_swap", "train_size": 48, "dev_size": 24, "pretrain_steps": 0,
         "layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_seq_length": 64,
         "batch_size": 16, "bootstrap": 50}
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = p.add_argument
     add("--work", default=os.path.join(REPO, "demo_run"), help="the demo data and stock model (made when missing, "
@@ -113,7 +116,11 @@ def parse_args(argv=None):
         ", ".join(f"--{k} {v}" for k, v in TINY.items()))
     add("--output", default=os.path.join(REPO, "bench", "results", "finetune.jsonl"))
     add("--hf_worker", metavar="SETTINGS", help=argparse.SUPPRESS)   # theirs, in a child
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
     if args.tiny:
         for key, value in TINY.items():
             setattr(args, key, value)
@@ -215,7 +222,7 @@ def same_tokens(model, task_name, folder, max_seq_length):
     for name in ("train.tsv", *task.dev_files):
         examples = read_examples(os.path.join(folder, name), task)
         enc = hf_encode(theirs, examples, max_seq_length)
-        for (ids, segments), i in zip(encode(ours, examples, max_seq_length), range(len(examples))):
+        for i, (ids, segments) in enumerate(encode(ours, examples, max_seq_length)):
             n += 1
             identical += ids == enc["input_ids"][i] and segments == enc["token_type_ids"][i]
     return {"examples": n, "identical": identical}
@@ -232,17 +239,19 @@ def hf_encode(tokenizer, examples, max_seq_length):
 
 
 def finetune_settings(lr, total_steps):
-    """finetune_glue's optimizer and schedule numbers, read from its own make_optimizer."""
+    """finetune_glue's optimizer and schedule numbers, read from its own make_optimizer (on a
+    stand-in module with a decayed and an undecayed parameter) and constants."""
     import torch
     from tools import finetune_glue as ft
 
     probe = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
-    optimizer, _ = ft.make_optimizer(probe, lr, total_steps)
+    optimizer, scheduler = ft.make_optimizer(probe, lr, total_steps)
     betas, eps = optimizer.defaults["betas"], optimizer.defaults["eps"]
     decays = sorted({g["weight_decay"] for g in optimizer.param_groups})
+    factor = scheduler.lr_lambdas[0]     # of the 0-based step: the warmup ends where it first reaches the peak
+    warmup = next(step + 1 for step in range(total_steps) if factor(step) >= 1.0)
     return {"betas": list(betas), "eps": eps, "weight_decay": max(decays), "undecayed_group": min(decays) == 0.0,
-            "warmup_steps": max(1, math.ceil(ft.WARMUP_PROPORTION * total_steps)),
-            "max_grad_norm": ft.MAX_GRAD_NORM, "eval_batch_size": ft.EVAL_BATCH_SIZE}
+            "warmup_steps": warmup, "max_grad_norm": ft.MAX_GRAD_NORM, "eval_batch_size": ft.EVAL_BATCH_SIZE}
 
 
 def steps_per_epoch(examples, batch):
