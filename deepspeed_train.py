@@ -38,7 +38,8 @@ from turing.checkpoint_files import resume_candidates
 from turing.checkpointer import Checkpointer, JobLock, check_output_shared, resume_source, universal_source, \
     write_engine_checkpoint
 from turing.clock import TrainClock
-from turing.distributed import agreed_min, all_ranks, all_reduce, is_collective_failure, setup_process_group
+from turing.distributed import agreed_min, all_ranks, all_reduce, close_process_group, is_collective_failure, \
+    setup_process_group
 from turing.errors import InputError, StopTraining
 from turing.flops import peak_tflops
 from turing.heldout import warn_if_validation_trained
@@ -190,7 +191,8 @@ def build_provider(cfg):
 def check_run_inputs(cfg, provider):
     """What the run will read, checked before the model is built, so that a bad path or file
     costs seconds, not an epoch: the layout of every training shard, the tokenizer the shards
-    were made with (prepare_data's record: turing.shard_tokenizer), the validation set (read
+    were made with (prepare_data's record: turing.shard_tokenizer; a file there that prepare_data's
+    record of the split does not list is refused first), the validation set (read
     whole; returned, None without one), and the checkpoint a resume will load (there, and its
     files not cut short)."""
     provider.check_shards()
@@ -202,8 +204,9 @@ def check_run_inputs(cfg, provider):
     validation_set = None
     if validating:
         validation_set = open_validation_set(cfg)
-        if cfg.ranks.is_main:  # with prepare_data's record of its split beside the shards
-            warn_if_validation_trained(provider.training_folders(), validation_folder)
+        # prepare_data's record of its split beside the shards: read on every rank (a changed one is
+        # refused by all), the warning said once
+        warn_if_validation_trained(provider.training_folders(), validation_folder, say=cfg.ranks.is_main)
     path, tag = resume_source(cfg)
     if path is not None:
         resume_candidates(path, tag, warn=lambda *_: None)  # the load warns, once
@@ -900,4 +903,15 @@ def report_lamb_coefficients(args, optimizer, writer=None, step=0):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:   # bad input (2), a stop with its work saved, a lost peer (5)
+        code = stop.code
+    # Here the exception, and the half-built engine its traceback held, are gone: the process groups
+    # are closed before the interpreter's teardown, where a gloo thread still releasing a collective's
+    # tensors aborted the process (turing.distributed.close_process_group). A lost peer's are left:
+    # closing them could wait on it.
+    if code != 5:
+        close_process_group()
+    sys.exit(code)

@@ -96,6 +96,24 @@ def test_wikitext_loses_its_markup_and_keeps_link_text():
     assert wikitext_to_text("One {{cite|x|}} two.\nThree {{broken four.") == "One two.\nThree"
 
 
+@pytest.mark.parametrize("wikitext,text", [
+    ('[http://example.com "The Ultimate Revolution" (talk at [[University of California, Berkeley|UC Berkeley]], '
+     '20 March 1962)]', '"The Ultimate Revolution" (talk at UC Berkeley, 20 March 1962)'),
+    ("[http://a.b A [http://c.d B]]", "A B"),                             # an external link in another's title
+    ("[http://a.b A [http://c.d B [[X|C]]]] D", "A B C D"),
+    ("[[X|A [http://a.b B [http://c.d C]] D]] E", "A B C D E"),           # both, inside a link's text
+    ("[[X|A [[Y|B]] C]]", "A B C"),                                      # a link in a link's text
+    ("[http://a.b A '''[[X|B]]''' {{lang|fr|[[Y|gone]]}}]", "A B"),     # a template in a link: dropped
+    ("<span>[http://a.b A [[X|B <small>[http://c.d C]</small>]]]</span>", "A B C"),
+    ("[[X|A {{nowrap|[[Y|gone]]}} B]] and [http://a.b C {{x|[http://c.d gone]}}]", "A B and C"),
+], ids=["link_in_external_title", "external_in_external", "three_deep", "in_link_text", "link_in_link",
+        "template_in_external", "through_tags", "templates_in_links"])
+def test_nested_markup_reduces_to_its_text_at_every_depth(wikitext, text):
+    """A link inside an external link's title left its brackets and pipe in the text ("( talk at [ [
+    university of california , berkeley | uc berkeley ] ..."): markup is text at every depth."""
+    assert wikitext_to_text(f"Before {wikitext} after.") == f"Before {text} after."
+
+
 def tokenizer_reads(monkeypatch, budget_per_char=400):
     """A function: wikitext -> the characters mwparserfromhell's tokenizer reads to reduce it (every
     re-read after a retry counted), on its pure-Python tokenizer (the same algorithm as the C one,

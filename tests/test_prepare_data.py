@@ -1,4 +1,5 @@
 """tools/prepare_data.py: raw text to NVIDIA hdf5 and Bing numpy shards, read back."""
+import importlib
 import os
 import random
 import subprocess
@@ -343,6 +344,9 @@ def test_the_held_out_documents_and_the_training_keys_are_written_beside_the_sha
     held = list(manifest.heldout_documents())
     assert [d["sentences"] for d in held] == [docs[d["document"]] for d in held] and len(held) == 6
     keys = {document_key(doc) for doc in docs}
+    # the key function it names is the one that made the keys (it named tools.corpora, which never existed)
+    module, name = record["key"].split(":")[0].rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is document_key
     assert set(manifest.heldout_keys().tolist()) | set(manifest.train_keys().tolist()) == keys
     assert manifest.train_keys().tolist() == sorted(keys - set(manifest.heldout_keys().tolist()))
     tokenizer = build_fast_tokenizer(str(data.vocab))

@@ -239,6 +239,52 @@ def test_an_other_language_document_is_dropped(planted, tmp_path):
     assert run(path, vocab, tmp_path / "de", "--languages", "de")["documents_kept"] == 1
 
 
+def one_error(argv, capsys):
+    assert prepare_data.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_a_run_whose_stages_leave_nothing_shows_what_they_removed(planted, tmp_path, capsys):
+    """--keep_filtered's files were renamed into place only after the shards, so a run whose stages
+    removed every document left them hidden (.language.jsonl.tmp) and the error did not say where."""
+    _, _, path, vocab = planted
+    kept = tmp_path / "kept"
+    line = one_error(argv_of(path, vocab, tmp_path / "o", "--languages", "de", "--keep_filtered", kept), capsys)
+    assert line.endswith(f"every document was left out (near_dedup 6, language 40); loosen those settings or add "
+                         f"text; what the stages removed is in {kept}: near_dedup.jsonl, language.jsonl"), line
+    assert sorted(os.listdir(kept)) == ["language.jsonl", "near_dedup.jsonl"]          # nothing hidden, no .tmp
+    assert len(open(kept / "language.jsonl", encoding="utf-8").readlines()) == 40
+    assert not (tmp_path / "o" / "train").exists()
+    line = one_error(argv_of(path, vocab, tmp_path / "o", "--languages", "de"), capsys)    # no folder: the flag named
+    assert line.endswith("loosen those settings or add text; --keep_filtered DIR writes what the stages removed, "
+                         "for a look"), line
+
+
+def test_a_stage_that_empties_the_validation_set_is_named(planted, tmp_path, capsys):
+    """Every held-out document German and --languages en: the error said only "the validation set has
+    no document with tokens ... raise --validation_fraction", not which filter removed them."""
+    _, corpus, _, vocab = planted
+    docs = corpus[:20]
+    for held in (9, 19):          # the held-out documents of --validation_fraction 0.1
+        docs[held] = ("Stadt", [GERMAN, f"Die Brücke Nummer {held} wurde im Jahr 18{held} gebaut."])
+    path = files.write_jsonl(str(tmp_path / "mixed.jsonl"), docs)
+    kept = tmp_path / "kept"
+    argv = argv_of(path, vocab, tmp_path / "o", "--languages", "en", "--validation_fraction", "0.1", "--no_near_dedup")
+    line = one_error(argv + ["--keep_filtered", str(kept)], capsys)
+    assert line.endswith("every held-out document (the validation set) was left out (language 2); loosen those "
+                         f"settings or raise --validation_fraction; what the stages removed is in {kept}: "
+                         "language.jsonl"), line
+    assert [(r["document"], r["set"], r["rule"]) for r in map(json.loads, open(kept / "language.jsonl"))] == \
+        [(9, "validation", "language_de"), (19, "validation", "language_de")]
+    stats = run(path, vocab, tmp_path / "ok", "--languages", "en", "de", "--no_near_dedup",
+                "--validation_fraction", "0.2")       # what is counted for each set, in stats.json too
+    assert stats["filters"]["language"]["by_set"] == {} and stats["sets"]["validation"]["documents"] == 4
+    stats = run(path, vocab, tmp_path / "en", "--languages", "en", "--no_near_dedup", "--validation_fraction", "0.2")
+    assert stats["filters"]["language"]["by_set"] == {"validation": {"language_de": 2}}
+
+
 def test_quality_rules_count_what_each_removed(planted, tmp_path):
     root, corpus, _, vocab = planted
     good = corpus[:5]

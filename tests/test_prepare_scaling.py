@@ -232,7 +232,7 @@ def test_a_relaunch_runs_only_the_parts_without_a_completion_marker(executor, co
     out, ran = tmp_path / "o", tmp_path / "ran"
     monkeypatch.setattr(prepare_parts, "PreparePart", functools.partial(LostOnce, ran=ran))
     assert prepare_parts.main(parts_argv(corpus, out, *flags)) == 1
-    assert "error: parts 1 of 2 did not finish (PrepareDataError: lost machine)" in capsys.readouterr().err
+    assert "error: parts 1 of 2 did not finish: part 1: PrepareDataError: lost machine; " in capsys.readouterr().err
     assert os.listdir(out / prepare_parts.MARKERS / "completions") == ["00000"]
     assert prepare_parts.main(parts_argv(corpus, out, *flags)) == 0
     assert starts(ran) == [0, 1, 1]            # part 0 not again

@@ -62,6 +62,31 @@ def use_pretrain_error(weights, data_root, tmp_path, capsys):
     return one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("config,said", [
+    ({"architectures": ["BertForMaskedLM"], "vocab_size": 30522}, "a Hugging Face folder without model_type; add the "
+                                                                   "model's model_type (one of roberta-prelayernorm ("),
+    ({"model_type": None}, "a Hugging Face folder without model_type; add"),
+    ({"model_type": 7}, "a Hugging Face folder whose model_type is a number, not a name; add"),
+    ([1, 2], "an array, not a Hugging Face config (a JSON object with a model_type)"),
+], ids=["missing", "null", "number", "array"])
+def test_a_folder_whose_config_names_no_model_type_is_said_to_be_one(tmp_path, capsys, config, said):
+    """A folder with a config.json but no model_type was read as a checkpoint folder: "no checkpoint
+    there (no 'latest' file ...)", about a folder that plainly is a (broken) Hugging Face one."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"sentence_good": "w1 w2", "sentence_bad": "w2 w1", "UID": "u", "pairID": "0"}) + "\n")
+    for tool, argv in ((eval_mlm, ["--model", str(folder), "--pairs", str(pairs), "--output_dir", str(tmp_path / "e")]),
+                       (export_hf, ["--checkpoint_dir", str(folder), "--output_dir", str(tmp_path / "x")])):
+        assert tool.main(argv) == 2
+        assert one_error_line(capsys.readouterr().err).startswith(f"error: {folder / 'config.json'}: {said}")
+    (folder / "latest").write_text("step1")      # a checkpoint folder that also holds a config.json: one still
+    assert export_hf.main(["--checkpoint_dir", str(folder), "--output_dir", str(tmp_path / "x")]) == 2
+    assert f"{folder}: no checkpoint there can be loaded (step1 incomplete)" in one_error_line(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("source", ["file", "checkpoint", "hf_export"])
 def test_use_pretrain_from_a_zero_byte_file_is_one_line(data_root, tmp_path, capsys, source):
     if source == "file":

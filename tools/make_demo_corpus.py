@@ -25,6 +25,7 @@ if not __package__:  # run as `python tools/make_demo_corpus.py`: import from th
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from turing.errors import OneLineParser  # noqa: E402 (argparse only)
+from turing.jsonfile import clear_temporaries, temporary_name  # noqa: E402 (json, os, re only)
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def build_demo_corpus(path, max_bytes=None):
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temporary_name(path)
     documents = sentences = size = 0
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -208,6 +209,7 @@ def build_demo_corpus(path, max_bytes=None):
                 sentences += len(doc)
                 size += block_size
         os.replace(tmp, path)
+        clear_temporaries(path)   # what a killed run of this command left
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -54,6 +54,7 @@ if not __package__:  # run as `python tools/NAME.py`: import from the repository
 from turing.errors import InputValueError, OneLineParser, tool_exit  # light (argparse only): before --help is answered
 
 from tools.prep.filters import recorded_split
+from turing.jsonfile import write_atomic
 from turing.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -236,10 +237,7 @@ def write_jsonl(path, records, overwrite):
             logger.warning("--overwrite: replacing %s (%d lines)", path, sum(1 for _ in f))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))   # what a killed run left goes too
 
 
 def make_minimal_pairs(heldout, output, seed=0, pairs_per_kind=250, kinds=KINDS, vocab_file=None, min_words=6,

@@ -39,8 +39,10 @@ Output folder:
     OUT/validation/                        the same for --validation_fraction > 0
         {prefix}_test_shard{i}.hdf5 | shard_{i:03d}/
     OUT/documents.json, OUT/heldout.jsonl, OUT/train_document_keys.npy
-                                           which documents were held out (as read) and the training
-                                           documents' keys (turing/heldout.py): the split's one record,
+                                           which documents were held out (as read), the training
+                                           documents' keys and each set's shards (name, size, sampled
+                                           digest: the trainer refuses any other file in train/ and
+                                           validation/) (turing/heldout.py): the split's one record,
                                            which every later stage reads (with parts: one per part)
 
 Pipeline. A reader process reads the documents in order (a multistream .bz2 dump's streams
@@ -398,7 +400,7 @@ def prepare(args, signals=None):
                  summary, shard_sets)
         summary.read, warnings = reader.outcome
 
-        _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case)
+        _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case, stages)
         pool.close()
         pool = None
         for warning in warnings:
@@ -534,25 +536,45 @@ def read_counts(documents, keep):
             "layouts": documents.counts.layouts}
 
 
-def _left_out(summary):
+def _stage_removals(summary, name=None):
+    """{stage: {rule: documents}} the document stages removed (or cut), from set `name` only where given."""
+    return {stage: counts["removed"] if name is None else counts.get("by_set", {}).get(name, {})
+            for stage, counts in summary.read.get("filters", {}).items()}
+
+
+def _left_out(summary, name=None):
     """What left documents out, in words ("quality 212 (min_words 180, ...), 3 exact duplicates"),
-    or "" when nothing did."""
+    or "" when nothing did; `name`: what left set `name`'s documents out (the stages and
+    --min_document_words: the duplicates and other parts are not counted by set)."""
     read = summary.read
     said = []
-    for stage, counts in read.get("filters", {}).items():
-        removed = counts["removed"]
+    for stage, removed in _stage_removals(summary, name).items():
         if sum(removed.values()):
             rules = ", ".join(f"{rule} {n}" for rule, n in removed.items() if n)
             said.append(f"{stage} {sum(removed.values())}" + (f" ({rules})" if len(removed) > 1 else ""))
-    for count, what in ((read.get("duplicates", 0), "exact duplicates"), (read.get("other_parts", 0), "of other parts"),
-                        (sum(s.too_short for s in summary.sets.values()), "under --min_document_words")):
+    sets = summary.sets.values() if name is None else [summary.sets[name]]
+    for count, what in ((0 if name else read.get("duplicates", 0), "exact duplicates"),
+                        (0 if name else read.get("other_parts", 0), "of other parts"),
+                        (sum(s.too_short for s in sets), "under --min_document_words")):
         if count:
             said.append(f"{count} {what}")
     return ", ".join(said)
 
 
-def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=True):
-    """Check that every set and shard got sequences, then finish the shard files."""
+def _removed_files(summary, name, stages):
+    """Where the documents the stages removed can be read, for the error that nothing is left in set
+    `name` (None: in all): --keep_filtered's files, installed now (the run ends here), else the flag."""
+    if not stages or not any(sum(rules.values()) for rules in _stage_removals(summary, name).values()):
+        return ""
+    files = stages.install()
+    if not files:
+        return "; --keep_filtered DIR writes what the stages removed, for a look"
+    return f"; what the stages removed is in {os.path.dirname(files[0])}: {', '.join(map(os.path.basename, files))}"
+
+
+def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=True, stages=None):
+    """Check that every set and shard got sequences, then finish the shard files. `stages`: the
+    DocumentStages, whose --keep_filtered files an error that they left nothing names."""
     for name, shard_set in shard_sets.items():
         stats = summary.sets[name]
         stats.shard_sizes = shard_set.sizes
@@ -560,10 +582,14 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
         if stats.documents == 0 and skipped:
             raise PrepareDataError(f"--input {' '.join(inputs)}: no document with tokens, and {skipped} bad records "
                                    "skipped (--skip_bad_records); without that flag the first is named")
-        left_out = _left_out(summary) if name == TRAIN else ""
+        which = None if name == TRAIN else name
+        left_out = _left_out(summary, which)
         if stats.documents == 0 and left_out:
-            raise PrepareDataError(f"--input {' '.join(inputs)}: every document was left out ({left_out}); "
-                                   "loosen those settings or add text")
+            what, fix = (("every document was", "loosen those settings or add text") if name == TRAIN else
+                         ("every held-out document (the validation set) was", "loosen those settings or raise "
+                          "--validation_fraction"))
+            raise PrepareDataError(f"--input {' '.join(inputs)}: {what} left out ({left_out}); {fix}"
+                                   f"{_removed_files(summary, which, stages)}")
         if stats.documents == 0:
             what, hint = ("input", "") if name == TRAIN else ("validation set", "; raise --validation_fraction")
             raise PrepareDataError(f"--input {' '.join(inputs)}: the {what} has no document with tokens "
@@ -610,11 +636,12 @@ def _install(out, tmp, tokenizer, shard_sets, part_tag, part=None):
     for name in set(TOKENIZER_FILES) - set(files):   # another kind's, replaced (--overwrite: check_output_dir)
         if os.path.isfile(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
+    listed = {name: shard_set.listing() for name, shard_set in shard_sets.items()}   # the split's record lists them
     for shard_set in shard_sets.values():
         shard_set.install()
     if VALIDATION not in shard_sets:   # this run's older validation shards (only with --overwrite)
         remove_shards(os.path.join(out, VALIDATION), part_tag or None)
-    install_split_record(tmp, out, part)
+    install_split_record(tmp, out, part, listed)
 
 
 def main(argv=None):

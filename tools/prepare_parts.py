@@ -10,8 +10,8 @@ the parts write into one OUT as prepare_data's parts do (shards and records name
 together they are the dataset training reads. Task K runs part K, --parallel_parts at a time, each
 with its own --workers:
 
-- --executor local (the default): datatrove's LocalPipelineExecutor on this machine, part K
-  in-process (one at a time) or in a process of the executor's pool;
+- --executor local (the default): datatrove's LocalPipelineExecutor's tasks on this machine, part K
+  in a process of its own;
 - --executor ray: datatrove's RayPipelineExecutor on the Ray cluster at --ray_address (default:
   RAY_ADDRESS, else the cluster `ray start` started on this machine, else a local one started for
   the run and ended with it, as ray.init() chooses), part K in a process of a Ray actor that
@@ -29,8 +29,30 @@ OUT/.prepare_data.work.partKofN); the finished parts are skipped. The command a 
 was made by is written beside it (OUT/.prepare_parts/command.json: the flags and the inputs'
 fingerprint); another command there is refused with one line (--overwrite_markers drops the
 markers and runs every part again). Both executors keep the same markers, so either one finishes a
-run the other began. A part's error is named in the exit line with either (Ray's executor only logs
-it: the part also writes it to OUT/.prepare_parts/errors/000KK).
+run the other began. Every part runs, whichever failed; the exit line then names each part that did
+not finish and how (its error, or "part 1 (pid N) was killed by SIGKILL"), which the part, or the
+process that watched it, also writes to OUT/.prepare_parts/errors/000KK (Ray's executor only logs a
+task's error).
+
+Processes. A part runs in a process of its own (named prepare_partK in ps), started by the process
+that waits for it, and ends with that process however it ends (tools/prep/workers.py's
+end_with_parent, as prepare_data's workers end with it: the kernel's parent-death signal, and a
+thread that sees the parent change), taking its workers, reader and stage workers along. Of
+datatrove's executors only the task is used (`_run_for_rank`: the part, its log, stats and
+completion marker); the pieces that start the tasks are replaced, because they can neither see a
+part's process die nor end the parts with the command:
+- local: LocalPipelineExecutor.run runs the tasks in a multiprocess.Pool, which waits for ever for a
+  task whose process was killed, whose processes outlive a killed command, and beside which a
+  multiprocess Manager process stays listening on a socket in /tmp; `run_local` forks the parts and
+  waits on their process sentinels. SIGTERM/SIGINT stop the parts (prepare_data's own stop: its
+  finished chunks are kept) and end the command with 128 + the signal; SIGKILL of the command ends
+  the parts by the parent-death signal.
+- ray: datatrove's RankWorker actor runs its task in a multiprocess.Pool too (the same wait for
+  ever); PartWorker takes its place for the run (RayParts), forking the part in the actor. The
+  command's SIGTERM/SIGINT leave datatrove's loop by an exception (KeyboardInterrupt, as Ctrl-C
+  does): its `finally` cancels the tasks, whose PartWorker stops its part as SIGTERM stops
+  prepare_data, then kills the actors (a part still running ends with its actor); a command killed
+  outright leaves that to Ray, which ends the actors of a driver that is gone.
 
 datatrove (pip install -r requirements-corpora.txt) is imported only here, ray (pip install ray)
 only with --executor ray, which connects to no cluster when every part is done. On a SLURM cluster
@@ -38,12 +60,16 @@ the same parts run as an array of prepare_data commands (README, "Many machines"
 resuming its own part when requeued.
 """
 import argparse
+import collections
 import contextlib
+import ctypes
 import json
 import logging
 import math
+import multiprocessing.connection
 import os
 import shutil
+import signal
 import socket
 import sys
 
@@ -54,38 +80,51 @@ from tools import prepare_data
 from tools.prep import CorpusError, PrepareDataError
 from tools.prep.journal import run_fingerprint
 from tools.prep.layouts import require
+from tools.prep.reader import PR_SET_NAME
+from tools.prep.workers import end_with_parent, worker_context
 from turing.errors import OneLineParser
+from turing.signals import STOP_SIGNALS, StopRequested, StopSignals
+
+logger = logging.getLogger(__name__)
 
 MARKERS = ".prepare_parts"        # OUT/MARKERS: datatrove's logging folder (completions/, logs/, stats/)
-ERRORS = "errors"                 # MARKERS/ERRORS: a part's error line, where Ray's executor ran it
+ERRORS = "errors"                 # MARKERS/ERRORS: the line saying why a part did not finish (000KK)
 NICENESS = "RAY_worker_niceness"   # Ray's setting of its workers' niceness (default 15)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository the Ray workers import
+PROCESS_NAME = "prepare_part"     # part K's process in ps and top: prepare_partK (Linux: 15 bytes at most)
+POLL_SECONDS = 0.2                # how often the command checks for a stop while it waits for the parts
+STOP_SECONDS = 60                 # how long a stopped part may take to end cleanly before it is killed
 
 
 class PreparePart:
     """datatrove's pipeline step (a callable of (data, rank, world_size)): part `rank` of
-    `world_size` of prepare_data with the flags `argv` (picklable, for the executor's processes).
-    With `errors` (a folder), the error a part raised is also its line there (000KK, until the part
-    runs again): Ray's executor keeps a part's exception to itself and only logs it."""
+    `world_size` of prepare_data with the flags `argv` (picklable, for the executor's processes),
+    in the part's own process (`start_part`). SIGTERM/SIGINT stop it as they stop prepare_data
+    (its finished chunks kept) and end the process with 128 + the signal, without a traceback in
+    datatrove's log. With `errors` (a folder), the error a part raised is also its line there
+    (000KK, until the part runs again): Ray's executor keeps a part's exception to itself."""
 
     def __init__(self, argv, errors=None):
         self.argv = list(argv)
         self.errors = errors
 
     def __call__(self, data, rank, world_size):
-        error = error_path(self.errors, rank) if self.errors else None
-        if error and os.path.exists(error):
-            os.remove(error)
+        if self.errors:
+            forget_error(self.errors, rank)
+        signals = StopSignals(action=f"stopping part {rank}; its finished chunks are kept")
+        signals.install()
         try:
             args = prepare_data.build_parser().parse_args(self.argv + ["--num_parts", str(world_size),
                                                                        "--part", str(rank)])
-            prepare_data.prepare(args)
+            prepare_data.prepare(args, signals)
+        except StopRequested as e:
+            raise SystemExit(128 + e.signum) from None   # not an Exception: datatrove logs no traceback
         except Exception as e:
-            if error:
-                os.makedirs(self.errors, exist_ok=True)
-                with open(error, "w", encoding="utf-8") as f:
-                    f.write(f"{type(e).__name__}: {e}")
+            if self.errors:
+                record_error(self.errors, rank, f"part {rank}: {type(e).__name__}: {e}")
             raise
+        finally:
+            signals.uninstall()
         return data
 
 
@@ -94,14 +133,215 @@ def error_path(errors, rank):
     return os.path.join(errors, f"{rank:05d}")
 
 
-def recorded_error(errors, ranks):
-    """The error line the first of `ranks` left in `errors` (PreparePart's folder), or None."""
+def record_error(errors, rank, line):
+    os.makedirs(errors, exist_ok=True)
+    with open(error_path(errors, rank) + ".tmp", "w", encoding="utf-8") as f:
+        f.write(line)
+    os.replace(error_path(errors, rank) + ".tmp", error_path(errors, rank))
+
+
+def forget_error(errors, rank):
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(error_path(errors, rank))
+
+
+def recorded_errors(errors, ranks):
+    """The lines `ranks` left in `errors` (record_error), joined; "" where none did."""
+    lines = []
     for rank in ranks:
         path = error_path(errors, rank)
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
-                return f.read()
-    return None
+                lines.append(f.read())
+    return "; ".join(lines)
+
+
+def how_part_ended(rank, pid, exitcode):
+    """A part's process that did not end well, in the words of the exit line."""
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        hint = " (SIGKILL is what the out-of-memory killer sends)" if -exitcode == signal.SIGKILL else ""
+        return f"part {rank} (pid {pid}) was killed by {name}{hint}"
+    if exitcode - 128 in set(STOP_SIGNALS):
+        return f"part {rank} (pid {pid}) was stopped by {signal.Signals(exitcode - 128).name}"
+    return f"part {rank} (pid {pid}) ended with exit code {exitcode}"
+
+
+def part_failure(errors, rank, process):
+    """Why part `rank` did not finish, its process `process` ended: the error line the part
+    recorded in `errors`, else how the process ended (recorded there now)."""
+    line = recorded_errors(errors, [rank]) if process.exitcode == 1 else ""
+    if not line:
+        line = how_part_ended(rank, process.pid, process.exitcode)
+        record_error(errors, rank, line)
+    return line
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts' processes: each started by the process that waits for it, and ending with it
+
+def start_part(ctx, executor, rank, local_rank, node_rank=-1):
+    """Part `rank` run by datatrove's task (`executor._run_for_rank`: the part, its log, stats and
+    completion marker) in a process of its own (`ctx`: forked where the platform can), which ends
+    with this one however this one ends; returns the started process."""
+    process = ctx.Process(target=_part_main, args=(executor, rank, local_rank, node_rank, os.getpid()),
+                          name=f"{PROCESS_NAME}{rank}", daemon=False)   # not daemonic: it starts processes
+    process.start()
+    return process
+
+
+def _part_main(executor, rank, local_rank, node_rank, parent):
+    end_with_parent(parent)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, f"{PROCESS_NAME}{rank}".encode())
+    try:
+        executor._run_for_rank(rank, local_rank, node_rank=node_rank)
+    except Exception:  # noqa: BLE001 - datatrove logged it, PreparePart recorded its line
+        sys.exit(1)
+
+
+def stop_parts(processes, signum=signal.SIGTERM, timeout=STOP_SECONDS):
+    """Stop the part processes still running, as `signum` stops prepare_data (its finished chunks
+    kept), and wait for them; one still running after `timeout` seconds is killed."""
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+    waiting = {p.sentinel: p for p in alive}
+    while waiting:
+        ended = multiprocessing.connection.wait(list(waiting), timeout=timeout)
+        if not ended:
+            for process in waiting.values():
+                process.kill()
+            timeout = None
+        for sentinel in ended:
+            waiting.pop(sentinel)
+    for process in processes:
+        process.join()
+
+
+def run_local(executor, ranks, parallel, signals, errors):
+    """Parts `ranks` on this machine, `parallel` at a time, each in a process of its own
+    (start_part); returns {part: how it did not finish} once all ran, or raises StopRequested
+    once `signals` has a stop, after stopping the parts running (stop_parts)."""
+    ctx, _ = worker_context(())
+    waiting, running, failed = collections.deque(ranks), {}, {}
+    free = list(range(parallel))      # datatrove's local ranks: local rank 0 logs to the console too
+    if ranks:
+        executor.save_executor_as_json()
+    try:
+        while waiting or running:
+            signals.check()
+            while waiting and free:
+                rank, local_rank = waiting.popleft(), free.pop(0)
+                process = start_part(ctx, executor, rank, local_rank)
+                running[process.sentinel] = rank, local_rank, process
+            for sentinel in multiprocessing.connection.wait(list(running), timeout=POLL_SECONDS):
+                rank, local_rank, process = running.pop(sentinel)
+                process.join()
+                free = sorted(free + [local_rank])
+                if process.exitcode == 0 and executor.is_rank_completed(rank):
+                    logger.info("part %d of %d done", rank, executor.world_size)
+                    continue
+                failed[rank] = part_failure(errors, rank, process)
+                logger.error("%s", failed[rank])
+    finally:
+        stop_parts([process for _, _, process in running.values()], signals.received or signal.SIGTERM)
+    if ranks and not failed:
+        merge_stats(executor)
+    return failed
+
+
+def merge_stats(executor):
+    """The logging folder's stats.json, every task's stats added up, as datatrove's executors leave it."""
+    from datatrove.utils.stats import PipelineStats
+
+    total = PipelineStats()
+    for rank in range(executor.world_size):
+        if executor.logging_dir.isfile(f"stats/{rank:05d}.json"):
+            with executor.logging_dir.open(f"stats/{rank:05d}.json", "r") as f:
+                total += PipelineStats.from_json(json.load(f))
+    with executor.logging_dir.open("stats.json", "wt") as f:
+        total.save_to_disk(f)
+
+
+class PartWorker:
+    """The Ray actor of a task in place of datatrove's RankWorker (whose multiprocess.Pool waits for
+    ever for a part whose process was killed): each of its ranks in a process of its own
+    (start_part) that ends with the actor; a part that does not finish raises, named (and written to
+    MARKERS/ERRORS: datatrove's executor only logs a task's error). A task cancelled by datatrove's
+    clean-up (the command stopped) stops its part, as SIGTERM stops prepare_data."""
+
+    def get_node_ip(self):
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def run_for_rank(self, executor, ranks, node_ips, node_idx):
+        import ray
+
+        os.environ["RAY_NODELIST"] = ",".join(node_ips)
+        os.environ["RAY_NODEID"] = str(node_idx)
+        node_rank = -1 if executor.nodes_per_task == 1 else node_idx
+        errors = os.path.join(executor.logging_dir.path, ERRORS)
+        # ray.cancel of a running actor task sets this flag (an older Ray has none: the actor is killed, its part too)
+        canceled = getattr(ray.get_runtime_context(), "is_canceled", lambda: False)
+        ctx, _ = worker_context(())
+        failed = []
+        for local_rank, rank in enumerate(ranks, start=0 if executor.log_first else 1):
+            process = start_part(ctx, executor, rank, local_rank, node_rank)
+            try:
+                while not multiprocessing.connection.wait([process.sentinel], timeout=POLL_SECONDS):
+                    if canceled():     # datatrove's clean-up: the command was stopped
+                        break
+            finally:
+                stop_parts([process])
+            if process.exitcode != 0:
+                failed.append(part_failure(errors, rank, process))
+        if failed:
+            raise PrepareDataError("; ".join(failed))
+
+
+def ray_executor_class():
+    """datatrove's RayPipelineExecutor whose tasks run in PartWorker actors (datatrove's loop makes
+    its actors of the module's RankWorker: PartWorker is put there for the run, and put back)."""
+    from datatrove.executor import ray as datatrove_ray
+
+    class RayParts(datatrove_ray.RayPipelineExecutor):
+        def run(self):
+            saved, datatrove_ray.RankWorker = datatrove_ray.RankWorker, PartWorker
+            try:
+                return super().run()
+            finally:
+                datatrove_ray.RankWorker = saved
+
+    return RayParts
+
+
+@contextlib.contextmanager
+def stops_interrupt():
+    """SIGTERM and SIGINT interrupt the block as Ctrl-C does (KeyboardInterrupt in the main thread,
+    the one exception Ray's waits let through), turned into StopRequested as the block is left; a
+    second one ends the process at once. datatrove's Ray executor waits in a loop of its own, which
+    only an exception leaves (its `finally` ends the actors, PartWorker stopping their parts)."""
+    received = []
+
+    def stop(signum, frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not received:
+            raise
+        raise StopRequested(received[0]) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def build_parser():
@@ -155,18 +395,17 @@ def check_markers(folder, record, overwrite):
 
 
 def make_executor(own, rest, folder, workers):
-    """datatrove's executor of the parts: `workers` is each part's --workers (its CPUs on a Ray node)."""
+    """datatrove's executor of the parts: `workers` is each part's --workers (its CPUs on a Ray node).
+    The local one's tasks are run by run_local, not by its own run()."""
+    step = PreparePart(rest, os.path.join(folder, ERRORS))
     if own.executor == "local":
         from datatrove.executor import LocalPipelineExecutor
 
-        return LocalPipelineExecutor(pipeline=[PreparePart(rest)], tasks=own.num_parts,
-                                     workers=own.parallel_parts, logging_dir=folder, start_method="fork")
+        return LocalPipelineExecutor(pipeline=[step], tasks=own.num_parts, workers=own.parallel_parts,
+                                     logging_dir=folder)
     require("ray", "prepare_parts --executor ray", requirements=None)
-    from datatrove.executor import RayPipelineExecutor
-
-    return RayPipelineExecutor(pipeline=[PreparePart(rest, os.path.join(folder, ERRORS))], tasks=own.num_parts,
-                               workers=own.parallel_parts, logging_dir=folder, cpus_per_task=workers,
-                               mem_per_cpu_gb=own.ray_mem_per_cpu_gb)
+    return ray_executor_class()(pipeline=[step], tasks=own.num_parts, workers=own.parallel_parts, logging_dir=folder,
+                                cpus_per_task=workers, mem_per_cpu_gb=own.ray_mem_per_cpu_gb)
 
 
 @contextlib.contextmanager
@@ -261,18 +500,38 @@ def main(argv=None):
         except (PrepareDataError, CorpusError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        failure = None
+        errors = os.path.join(folder, ERRORS)
+        failure = stopped = None
         try:
-            executor.run()
+            if own.executor == "local":
+                ranks = executor.get_incomplete_ranks(range(own.num_parts))
+                if len(ranks) < own.num_parts:
+                    logger.info("%d of %d parts are done already (their completion markers are in %s/completions)",
+                                own.num_parts - len(ranks), own.num_parts, folder)
+                signals = StopSignals(action="stopping the parts; their finished chunks are kept")
+                signals.install()
+                try:
+                    run_local(executor, ranks, own.parallel_parts, signals, errors)
+                finally:
+                    signals.uninstall()
+            else:
+                with stops_interrupt():
+                    executor.run()
+        except StopRequested as e:
+            stopped = e
         except Exception as e:  # noqa: BLE001 - a part's error, reported with the parts left
             failure = e
     left = executor.get_incomplete_ranks(range(own.num_parts))
+    which = f"parts {', '.join(map(str, left))} of {own.num_parts} did not finish"
+    if stopped is not None and left:     # (a stop as the last part finished stops nothing)
+        print(f"error: {stopped}; {which} (their finished chunks are kept); the same command runs only them again",
+              file=sys.stderr)
+        return 128 + stopped.signum
     if failure is not None or left:
-        error = f"{type(failure).__name__}: {failure}" if failure is not None else \
-            recorded_error(os.path.join(folder, ERRORS), left)
-        why = f" ({error})" if error else ""
-        print(f"error: parts {', '.join(map(str, left))} of {own.num_parts} did not finish{why}; their logs are in "
-              f"{folder}/logs; the same command runs only them again", file=sys.stderr)
+        error = f"{type(failure).__name__}: {failure}" if failure is not None else recorded_errors(errors, left)
+        why = f": {error}" if error else ""
+        print(f"error: {which}{why}; their logs are in {folder}/logs; the same command runs only them again",
+              file=sys.stderr)
         return 1
     print(f"{own.num_parts} parts done in {first.output_dir} (completion markers: {folder}/completions)")
     return 0

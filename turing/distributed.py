@@ -1,5 +1,6 @@
 """The process group: setting it up once (one rank without the launcher), bounding every
-collective by --dist_timeout, and the few collectives the program itself makes.
+collective by --dist_timeout, the few collectives the program itself makes, and closing it before
+the process ends.
 
 A rank whose peer died or hangs raises out of a collective instead of waiting for ever;
 `is_collective_failure` tells such an error apart from a crash, so that the program ends with
@@ -7,6 +8,7 @@ one line naming --auto_resume.
 """
 import datetime
 import errno
+import gc
 import os
 import socket
 import traceback
@@ -17,8 +19,8 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
-from turing.internals import (deepspeed_shm_buffer_path, release_stale_build_locks, set_default_collective_timeout,
-                              set_group_timeout)
+from turing.internals import (deepspeed_shm_buffer_path, forget_deepspeed_groups, release_stale_build_locks,
+                              set_default_collective_timeout, set_group_timeout)
 from turing.process import Ranks
 
 
@@ -43,6 +45,20 @@ def setup_process_group(timeout_seconds):
             get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
         release_shm_allreduce_name()
     return Ranks.current()
+
+
+def close_process_group():
+    """Destroy every process group, torch's and the ones DeepSpeed holds, so that their threads end
+    while the interpreter is whole. A gloo worker thread releases a finished collective's tensors
+    after the caller has its result, and must take the GIL to do so: one still doing it when the
+    interpreter tears itself down (a bad config refused right after the engine's broadcast of the
+    weights: 3 runs in 108 on a loaded 2-core machine) ended the process with "terminate called
+    without an active exception", exit code 134. The program's last call, after what held the
+    engine is gone; not collective (the peers of a gloo group need not take part)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    forget_deepspeed_groups()
+    gc.collect()   # a half-built engine, in reference cycles, holds its groups too
 
 
 def ensure_process_group_env():

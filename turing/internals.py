@@ -18,6 +18,9 @@ why no public API serves (tests/test_internals.py fails loudly when one of them 
   communication op on a machine's first run, and its other ops where asked) holds a `lock` file in
   the op's build folder while it compiles and removes it after; a build killed meanwhile leaves
   it, and every later run waits on it for ever (torch's FileBaton has no owner to check).
+- `forget_deepspeed_groups`: DeepSpeed keeps the process groups it made (its world group, the
+  data-parallel and expert groups) in module globals of deepspeed.utils.groups, which no public
+  call releases; while they are held, torch's destroy_process_group leaves their threads running.
 """
 import datetime
 import glob
@@ -53,6 +56,17 @@ def set_group_timeout(timeout: datetime.timedelta, group=None):
         raise RuntimeError("torch.distributed.distributed_c10d._set_pg_timeout is gone in torch; --dist_timeout "
                            "cannot bound the collectives apart from the start-up rendezvous (turing/internals.py)")
     dist_c10d._set_pg_timeout(timeout, group)
+
+
+def forget_deepspeed_groups():
+    """Drop DeepSpeed's references to the process groups it made (deepspeed.utils.groups' module
+    globals: a group, or a dict of them), so that once torch has destroyed them they are freed."""
+    from deepspeed.utils import groups
+    for name, value in list(vars(groups).items()):
+        if isinstance(value, dist_c10d.ProcessGroup):
+            setattr(groups, name, None)
+        elif isinstance(value, dict) and any(isinstance(v, dist_c10d.ProcessGroup) for v in value.values()):
+            value.clear()
 
 
 def deepspeed_shm_buffer_path(rank):

@@ -6,6 +6,7 @@ other languages reject)."""
 import json
 import math
 import os
+import re
 
 
 def read_json(path, what, error=ValueError, missing_error=None):
@@ -73,8 +74,9 @@ def _fsync(path):
 
 def write_atomic(path, text):
     """`text` (str, written as UTF-8, or bytes) in `path`, whole or not at all, on disk: a
-    temporary file, fsync'ed, renamed (checkpoint markers, results, every tool's output file)."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    temporary file, fsync'ed, renamed (checkpoint markers, results, every tool's output file).
+    What a killed writer of `path` left beside it goes once `path` is written (clear_temporaries)."""
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             text = text.encode("utf-8") if isinstance(text, str) else text
@@ -82,8 +84,42 @@ def write_atomic(path, text):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:              # an error, or a stop (SIGTERM, Ctrl-C) raised here: no litter
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
     _fsync(os.path.dirname(path) or ".")
+    clear_temporaries(path)
+
+
+def temporary_name(path):
+    """The name `path` is written under before its rename: `{path}.tmp{PID}` (clear_temporaries)."""
+    return f"{path}.tmp{os.getpid()}"
+
+
+def clear_temporaries(path):
+    """Remove the temporary files of `path` (temporary_name's) that a process no longer running
+    left: the litter of a writer killed (SIGKILL) before its rename, which the same command, run
+    again, clears once it has written `path`. A running process's (another writer's) stays."""
+    folder, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(re.escape(name) + r"\.tmp(\d+)$")
+    for entry in os.listdir(folder):
+        match = pattern.match(entry)
+        if match and not _running(int(match.group(1))):
+            try:
+                os.remove(os.path.join(folder, entry))
+            except FileNotFoundError:
+                pass
+
+
+def _running(pid):
+    """Whether process `pid` runs on this machine (it or a process of another user)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

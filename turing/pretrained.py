@@ -35,12 +35,13 @@ from typing import Optional
 
 import torch
 
-from turing.arch import model_config_from_dict, pretraining_model, spec_of
-from turing.checkpoint_files import load_checkpoint_state, read_state_dict_file, resolve_checkpoint_tag_dir, step_of
+from turing.arch import hf_imported, model_config_from_dict, pretraining_model, spec_of
+from turing.checkpoint_files import (ENGINE_FILE_SUFFIX, complete_tags, engine_tags, load_checkpoint_state,
+                                     read_state_dict_file, resolve_checkpoint_tag_dir, step_of)
 from turing.errors import ConversionError, InputValueError
 from turing.hf_folder import hf_folder_config, load_hf_folder
 from turing.model_path import is_hf_folder, resolve_model_path
-from turing.jsonfile import read_json
+from turing.jsonfile import json_kind, read_json
 from turing.kernel_layout import to_transformer_kernel_layout
 from turing.modeling import BertConfigError
 from turing.tokenization import (SPECIAL_TOKEN_FILES, TOKENIZER_FILES, BertTokenizer, Tokenizer, load_tokenizer,
@@ -183,10 +184,31 @@ def kind_of(path):
 
 
 def _kind(local):
-    """The kind of a resolved local path (resolve_model_path's)."""
+    """The kind of a resolved local path (resolve_model_path's). A folder with a config.json that names
+    no model_type, and nothing of a checkpoint, is a Hugging Face folder that cannot be read: one line
+    naming config.json (not "no checkpoint there")."""
     if is_hf_folder(local):
         return EXPORT
-    return CHECKPOINT if os.path.isdir(local) else STATE_DICT
+    if not os.path.isdir(local):
+        return STATE_DICT
+    config = os.path.join(local, "config.json")
+    if os.path.isfile(config) and not _holds_checkpoint(local):
+        document = read_json(config, "config.json", ModelSourceError)     # not JSON: that line
+        if not isinstance(document, dict):
+            raise ModelSourceError(f"{config}: {json_kind(document)}, not a Hugging Face config (a JSON object "
+                                   f"with a model_type)")
+        found = document.get("model_type")
+        what = "without model_type" if found is None else f"whose model_type is {json_kind(found)}, not a name"
+        raise ModelSourceError(f"{config}: a Hugging Face folder {what}; add the model's model_type (one of "
+                               f"{hf_imported()}), or give a checkpoint folder")
+    return CHECKPOINT
+
+
+def _holds_checkpoint(folder):
+    """Whether `folder` holds a checkpoint's files: a `latest` file, tag folders with engine files
+    (complete or not) or, a tag folder itself, the engine files."""
+    return (os.path.isfile(os.path.join(folder, "latest")) or bool(complete_tags(folder) or engine_tags(folder))
+            or any(name.endswith(ENGINE_FILE_SUFFIX) for name in os.listdir(folder)))
 
 
 def _check_folder_tokenizer(path, tokenizer, hf_config):

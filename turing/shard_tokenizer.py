@@ -18,6 +18,13 @@ transformers writes from it, and the other way round), the line naming what diff
 (turing.tokenization.tokenizer_difference). A record of an older prepare_data, without the
 identity, is compared by the file's sha256 and the special token ids. Shards without a record
 (NVIDIA's own, or made before the record was written) train as before.
+
+A record beside a folder speaks for the files prepare_data wrote there, not for whatever is copied
+in later (another run's shard, one of another vocab): the split's record (OUT/documents.json, per
+part) lists every shard of each set with its size and a sampled digest, and `check_shard_tokenizer`
+first refuses, in one line naming it, a file in the set folders that it does not list
+(turing.heldout.check_listed_shards, whose docstring says what is hashed); only then is this
+record trusted for the shards there.
 """
 import json
 import logging
@@ -25,7 +32,7 @@ import os
 import re
 
 from turing.errors import InputValueError
-from turing.heldout import output_folder
+from turing.heldout import check_listed_shards, output_folder
 from turing.tokenization import IDENTITY_KEYS, TOKENIZER_FILES, load_tokenizer, tokenizer_difference
 
 logger = logging.getLogger(__name__)
@@ -112,9 +119,11 @@ def differs(record, tokenizer, folder=None):
 
 
 def check_shard_tokenizer(tokenizer, set_folders):
-    """Refuse, in one line, shards in `set_folders` (training folders, the validation folder) whose
-    prepare_data output records another tokenizer than `tokenizer`; returns the records read
-    (none: shards of another tool, nothing to check)."""
+    """Refuse, in one line, shards in `set_folders` (training folders, the validation folder) that
+    their prepare_data output's record of the split does not list, or whose output records another
+    tokenizer than `tokenizer`; returns the tokenizer records read (none: shards of another tool,
+    nothing to check)."""
+    check_listed_shards(set_folders)
     checked = []
     for folder in dict.fromkeys(output_folder(f) for f in set_folders):
         for path, record in find_records(folder):

@@ -5,7 +5,6 @@ about --chunk_size_mb (per set), the workers' units of work; the split is writte
 shards (SplitRecord, in turing/heldout.py's files) and read back by every later stage
 (recorded_split)."""
 import array
-import hashlib
 import json
 import math
 import os
@@ -18,14 +17,7 @@ from tools.prep.documents import CorpusReader, document_size
 from tools.prep.layouts import ReadOptions, find_sources
 from tools.prep.sentences import SentenceSplitter, document_sentences
 from turing import heldout
-
-
-def document_key(document):
-    """A 64-bit hash of the document's text, case-folded and with its whitespace collapsed: equal for
-    exact duplicates (markup and all, for wikitext), used to drop them and to deal parts."""
-    text = " ".join(document) if isinstance(document, list) else document
-    normalised = " ".join(text.casefold().split())
-    return int.from_bytes(hashlib.blake2b(normalised.encode("utf-8"), digest_size=8).digest(), "little")
+from turing.heldout import document_key   # the record's key, defined with the record
 
 
 class DocumentFilter:
@@ -132,7 +124,9 @@ class SplitRecord:
             self.train_keys.append(key)
             return
         sentences = document_sentences(document, self.split)
-        self.heldout.write(json.dumps({"document": number, "key": key, "sentences": sentences}) + "\n")
+        own = document_key(sentences)   # the key the reader checks: the document's, unless reduced (wikitext)
+        self.heldout.write(json.dumps({"document": number, "key": key, **({"sentences_key": own} if own != key else {}),
+                                       "sentences": sentences}) + "\n")
         self.validation_documents += 1
 
     def finish(self, args, documents_read):
@@ -151,10 +145,9 @@ class SplitRecord:
             "num_parts": args.num_parts, "part": args.part if args.num_parts > 1 else None,
             "train": {"documents": len(self.train_keys), "keys": keys_file},
             "validation": {"documents": self.validation_documents, "documents_file": heldout_file},
-            # The key's name as every record so far gives it (now document_key above): a record's bytes
-            # do not change with where the code lives.
-            "key": "tools.corpora.document_key: blake2b (8 bytes, little-endian) of the text case-folded, "
-                   "whitespace collapsed",
+            # named by the function itself, so the name follows it (no reader compares this string)
+            "key": f"{document_key.__module__}.{document_key.__qualname__}: blake2b (8 bytes, little-endian) "
+                   "of the text case-folded, whitespace collapsed",
             "reading": {"input": inputs, **reading},
         }
         with open(os.path.join(self.tmp, documents), "w", encoding="utf-8") as f:
@@ -164,11 +157,21 @@ class SplitRecord:
         self.heldout.close()
 
 
-def install_split_record(tmp, out, part=None):
+def install_split_record(tmp, out, part=None, shards=None):
     """Rename the files of a SplitRecord finished in `tmp` into OUT; a run without parts, which
     replaced every shard, removes every part's record too (a part's own files are replaced by the
-    rename)."""
+    rename). `shards`: {set name: {shard name: turing.heldout.shard_digest}} of this run's (or
+    part's) shards, listed in its documents.json first (the trainer refuses any other file there)."""
     names = heldout.manifest_names(part)
+    if shards is not None:
+        path = os.path.join(tmp, names[0])
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        for name in (TRAIN, VALIDATION):
+            record[name]["shards"] = shards.get(name, {})
+        record["shard_digest"] = heldout.SHARD_DIGEST
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
     if part is None:
         for name in heldout.manifest_files(out):
             if name not in names:

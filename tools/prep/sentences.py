@@ -59,11 +59,14 @@ def _drop_heavy(text):
 # an external link nested in another's title doubles the work per level (20 of them: 1 s, 1,000:
 # beyond 10 minutes), and a long heading line of entities is quadratic too. So the brackets and
 # tags that never close are escaped before it parses (as HTML entities: the same text comes out),
-# links and tags nest at most _MAX_NESTING deep and no link opens inside an external link's title,
-# and the parser sees at most _PARSE_BLOCK characters at a time, cut where nothing is open.
+# links and tags nest at most _MAX_NESTING deep, an external link inside another's title is
+# unwrapped to its title (its "[URL" and "]" removed: the parser never sees one in another), and
+# the parser sees at most _PARSE_BLOCK characters at a time, cut where nothing is open. A link
+# (or a tag) in an external link's title stays markup: its text is reduced like any other.
 _PARSE_BLOCK = 16384
 _MAX_NESTING = 8
 _ESCAPES = {"[": "&#91;", "<": "&lt;"}
+_URL = re.compile(r"[^\s\[\]<>\"]*")     # a bracketed link's URL: up to where mwparserfromhell ends it
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,10 +80,12 @@ def _markup_tokens():
 
 
 def _unclosed(text):
-    """(positions of the brackets and tag openers to escape, sorted; the line breaks where no
-    bracket or tag is open). One scan, whatever the page."""
+    """(the edits to make, sorted: (start, end, replacement), the brackets and tag openers to escape
+    and the external links inside another's title to unwrap; the line breaks where no bracket or tag
+    is open). One scan, whatever the page."""
     tokens, single = _markup_tokens()
     escape, quiet, stack = [], [], []        # stack: (kind, position): "[[", "[" (external) or a tag name
+    unwrap = []                              # (start, end) of an inner external link's "[URL" and "]"
     for m in tokens.finditer(text):
         token, at = m.group(0), m.start()
         if token == "\n":                    # an external link ends with its line
@@ -88,7 +93,12 @@ def _unclosed(text):
             if not stack:
                 quiet.append(at)
         elif token[0] == "]":
-            _close(stack, "[[" if token == "]]" and any(kind == "[[" for kind, _ in stack) else "[", escape)
+            link = max((i for i, (kind, _) in enumerate(stack) if kind == "[["), default=None)
+            if token == "]]" and link is not None and sum(kind == "[" for kind, _ in stack[link:]) < 2:
+                _close(stack, "[[", escape)
+            else:                             # each "]" closes an external link (two: one in another's title)
+                for closer in range(at, m.end()):
+                    _close(stack, "[", escape, text, closer, unwrap)
         elif token[0] == "[":
             _open(stack, token, at, escape)
         else:
@@ -103,22 +113,26 @@ def _unclosed(text):
             else:                             # no ">" on its line: no tag
                 escape.append(at)
     _escape_above(stack, 0, escape)
-    return sorted(escape), quiet
+    edits = [(at, at + 1, _ESCAPES[text[at]]) for at in escape] + [(start, end, "") for start, end in unwrap]
+    return sorted(edits), quiet
 
 
 def _open(stack, kind, at, escape):
-    if len(stack) >= _MAX_NESTING or (kind[0] == "[" and stack and stack[-1][0] == "["):
+    if len(stack) >= _MAX_NESTING:
         escape.extend(_brackets(kind, at))
     else:
         stack.append((kind, at))
 
 
-def _close(stack, kind, escape):
-    """Close the innermost open `kind`, escaping what is open inside it; a closer of nothing is text."""
+def _close(stack, kind, escape, text=None, closer=None, unwrap=None):
+    """Close the innermost open `kind`, escaping what is open inside it; a closer of nothing is text.
+    An external link closed inside another's title is unwrapped (`unwrap`: its "[URL" and `closer`)."""
     for depth in range(len(stack) - 1, -1, -1):
         if stack[depth][0] == kind:
             _escape_above(stack, depth + 1, escape)
-            stack.pop()
+            _, at = stack.pop()
+            if kind == "[" and any(other == "[" for other, _ in stack):
+                unwrap += [(at, _URL.match(text, at + 1).end()), (closer, closer + 1)]
             return
 
 
@@ -134,16 +148,18 @@ def _brackets(kind, at):
 
 def _parse_blocks(text):
     """`text` in pieces of at most _PARSE_BLOCK characters, cut at line breaks where nothing is open
-    (else at a line break, else a space), with _unclosed's brackets and tags escaped."""
-    escape, quiet = _unclosed(text)
+    (else at a line break, else a space), with _unclosed's edits made (brackets and tags escaped,
+    external links in another's title unwrapped)."""
+    edits, quiet = _unclosed(text)
+    starts = [start for start, _, _ in edits]
     start = 0
     while start < len(text):
         stop = _block_end(text, start, quiet)
-        lo, hi = bisect.bisect_left(escape, start), bisect.bisect_left(escape, stop)
+        lo, hi = bisect.bisect_left(starts, start), bisect.bisect_left(starts, stop)
         out, pos = [], start
-        for at in escape[lo:hi]:
-            out += [text[pos:at], _ESCAPES[text[at]]]
-            pos = at + 1
+        for at, end, replacement in edits[lo:hi]:
+            out += [text[pos:at], replacement]
+            pos = min(end, stop)          # (a URL is never cut: blocks end at a line break or a space)
         out.append(text[pos:stop])
         yield "".join(out)
         start = stop

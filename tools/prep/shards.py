@@ -1,7 +1,8 @@
 """The shard files, in the main process: NVIDIA hdf5 (gzip chunks deflated in the worker processes, stored as
 h5py's own filter would) and Bing shard folders of .npy files appended chunk by chunk; a set's
-sequences dealt round-robin over its shards (ShardSet), in a temporary folder until installed;
-the names that tell a shard (and its part) from anything else in a folder."""
+sequences dealt round-robin over its shards (ShardSet), in a temporary folder until installed, and
+their digests for the split's record (`listing`); the names that tell a shard (and its part) from
+anything else in a folder."""
 import collections
 import os
 import re
@@ -12,6 +13,7 @@ import numpy as np
 
 from tools.prep import TRAIN
 from turing.formats import HDF5_DTYPES, HDF5_KEYS
+from turing.heldout import shard_digest
 
 SHARD_NAME = re.compile(r"^(part\d+_)?shard_\d+$|_(training|test)_shard\d+\.hdf5$")
 # A shard's part tag where it stands: first in a Bing shard's name, right before "training"/"test"
@@ -242,6 +244,12 @@ class ShardSet:
         for w in self.writers:
             if w:
                 w.close()
+
+    def listing(self):
+        """{final name: turing.heldout.shard_digest} of the finished shards (the split's record lists
+        them; reading a few blocks of each, never the shard's bytes changed)."""
+        return {self._final_name(i): shard_digest(os.path.join(self.tmp_folder, self._final_name(i)))
+                for i in range(len(self.writers))}
 
     def install(self):
         """Move the finished shards to their final names, replacing older shards there."""

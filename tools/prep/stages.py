@@ -53,6 +53,7 @@ class DocumentStages:
         self.suffix = f".part{part:03d}.jsonl" if part is not None else ".jsonl"   # parts share DIR
         self._files = {}
         self._by_name = {stage.name: stage for stage in self.stages}
+        self._by_set = {stage.name: {} for stage in self.stages}   # stage -> set name -> rule -> documents
         if keep_filtered is not None:
             os.makedirs(keep_filtered, exist_ok=True)
 
@@ -90,8 +91,8 @@ class DocumentStages:
         """Count and write (--keep_filtered) what `decide` found; returns the document kept."""
         document, removals = decided
         for stage_name, removal, cut in removals:
-            counts = self._by_name[stage_name].counts
-            counts[removal.rule] = counts.get(removal.rule, 0) + 1
+            for counts in (self._by_name[stage_name].counts, self._by_set[stage_name].setdefault(set_name, {})):
+                counts[removal.rule] = counts.get(removal.rule, 0) + 1
             self._write(stage_name, set_name, number, removal, cut)
         return document
 
@@ -100,9 +101,12 @@ class DocumentStages:
         return any(stage.needs_text for stage in self.stages)
 
     def counts(self):
-        """stats.json's `filters`: per stage, the documents each rule removed (or cut), and the
-        stage's settings (`info`)."""
-        return {stage.name: {"removed": dict(sorted(stage.counts.items())), **getattr(stage, "info", {})}
+        """stats.json's `filters`: per stage, the documents each rule removed (or cut), in all and
+        from each set that lost any (`by_set`), and the stage's settings (`info`)."""
+        return {stage.name: {"removed": dict(sorted(stage.counts.items())),
+                             "by_set": {name: dict(sorted(rules.items()))
+                                        for name, rules in sorted(self._by_set[stage.name].items())},
+                             **getattr(stage, "info", {})}
                 for stage in self.stages}
 
     def _write(self, stage_name, set_name, number, removal, cut):
@@ -116,15 +120,19 @@ class DocumentStages:
 
     def install(self):
         """Move the removed documents' files into --keep_filtered (a stage that removed nothing: an
-        empty file, so the folder always says which stages ran)."""
+        empty file, so the folder always says which stages ran); returns their paths ([] without
+        --keep_filtered)."""
         if self.keep_filtered is None:
-            return
+            return []
         self.close()
+        installed = []
         for stage in self.stages:
             path = self._tmp(stage.name)
             if not os.path.exists(path):
                 open(path, "w").close()
-            os.replace(path, os.path.join(self.keep_filtered, stage.name + self.suffix))
+            installed.append(os.path.join(self.keep_filtered, stage.name + self.suffix))
+            os.replace(path, installed[-1])
+        return installed
 
     def _tmp(self, stage_name):
         return os.path.join(self.keep_filtered, f".{stage_name}{self.suffix}.tmp")
