@@ -18,18 +18,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from tests import test_stock_models as stock  # noqa: E402
 from tests.launch import ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from tests.test_stock_models import (EXTRA, VOCAB_REAL, VOCAB_ROWS, close, padded_batch,  # noqa: E402
-                                     record_first_batch, stock_job)
-from turing.arch import model_config_from_dict, training_flops  # noqa: E402
+                                     record_first_batch, stock_job, unpad_and_checkpointing_match)
+from turing.arch import model_config_from_dict  # noqa: E402
 from turing.arch.distilbert.model import DistilConfig, DistilForPreTraining  # noqa: E402
 from turing.arch.hf_common import PADDED_ROW_BIAS  # noqa: E402
-from turing.batch import Batch  # noqa: E402
 from turing.errors import InputValueError  # noqa: E402
 from turing.glue import sequence_classifier  # noqa: E402
 from turing.model_options import ModelOptions  # noqa: E402
@@ -175,19 +172,7 @@ def test_config_round_trips_and_refuses_token_types():
 
 
 def test_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads():
-    torch.manual_seed(0)
-    padded = DistilForPreTraining(small_config())
-    changed = DistilForPreTraining(small_config(), SimpleNamespace(unpad=True, checkpoint_activations=True))
-    changed.load_state_dict(padded.state_dict())
-    batch = padded_batch(length=64, rows=(40, 30, 17, 9))
-    losses = []
-    for model in (padded, changed):
-        loss = model.train()(batch)
-        loss.backward()
-        losses.append(loss)
-    assert torch.allclose(losses[0], losses[1], atol=1e-6, rtol=0)
-    for (name, p), q in zip(padded.named_parameters(), changed.parameters(), strict=True):
-        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+    unpad_and_checkpointing_match(DistilForPreTraining, small_config(), padded_batch(length=64, rows=(40, 30, 17, 9)))
 
 
 @pytest.mark.parametrize("flag", ["progressive_layer_drop", "deepspeed_transformer_kernel",
@@ -198,22 +183,6 @@ def test_what_the_post_ln_block_refuses_is_refused(flag):
     assert not DistilForPreTraining(small_config()).next_sentence_prediction   # off where nothing says
     with pytest.raises(ValueError, match="'distilbert' has no next-sentence head"):
         ModelOptions(next_sentence_prediction=True).for_block(DistilForPreTraining)
-
-
-def test_the_flop_count_equals_torchs_flop_counter_on_a_training_step():
-    """The BERT count without the pooler and NSP head (turing/flops.py), as test_flops.py checks
-    the others: the math SDPA backend runs attention as matmuls the counter sees."""
-    config = small_config(hidden_size=64, intermediate_size=256, vocab_size=96)
-    model = DistilForPreTraining(config)
-    batch_size, length, predictions = 4, 32, 5
-    ids = torch.randint(5, 96, (batch_size, length))
-    labels = torch.full((batch_size, length), -1)
-    labels[:, 1:1 + predictions] = ids[:, 1:1 + predictions]
-    zeros = torch.zeros(batch_size, dtype=torch.long)
-    batch = Batch(zeros, ids, torch.ones_like(ids), torch.zeros_like(ids), zeros, labels)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(batch).backward()
-    assert counter.get_total_flops() == batch_size * training_flops(config, length, predictions)
 
 
 # ---------------------------------------------------------------------------------------------

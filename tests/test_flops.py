@@ -26,7 +26,7 @@ def test_hand_count_of_a_tiny_config():
     assert training_flops(config(4, 1, 8, 10), seq_length=3, predictions=2) == 3 * 1184
 
 
-@pytest.mark.parametrize("architecture", ["bert", "bert_postln", "roberta"])  # each spec's own formula
+@pytest.mark.parametrize("architecture", ["bert", "bert_postln", "roberta", "distilbert"])  # each spec's formula
 def test_the_count_equals_torchs_flop_counter_on_a_training_step(architecture):
     cfg = config(64, 2, 256, 96, architecture=architecture)
     model = ARCHITECTURES[architecture].model(cfg)

@@ -31,7 +31,7 @@ from tests.launch import ds_config, expect_input_error, train_in_process, train_
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from tests.test_stock_models import (close, needs_transformers, padded_batch, record_first_batch,  # noqa: E402
                                      stock_job, test_sigkill_during_a_checkpoint_then_auto_resume_repeats_the_run
-                                     as sigkill_then_auto_resume)
+                                     as sigkill_then_auto_resume, unpad_and_checkpointing_match)
 from tests.test_stock_tokenizers import (corpus_documents, in_text, job_for, nvidia_pairs, prepare,  # noqa: E402
                                          write_corpus)
 from turing.arch import ARCHITECTURES, hf_spec, model_config_from_dict  # noqa: E402
@@ -257,19 +257,7 @@ def small_roberta(**overrides):
 
 
 def test_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads():
-    torch.manual_seed(0)
-    padded = RobertaForPreTraining(small_roberta())
-    changed = RobertaForPreTraining(small_roberta(), SimpleNamespace(unpad=True, checkpoint_activations=True))
-    changed.load_state_dict(padded.state_dict())
-    batch = roberta_batch(length=64, rows=(40, 30, 17, 9))
-    losses = []
-    for model in (padded, changed):
-        loss = model.train()(batch)
-        loss.backward()
-        losses.append(loss)
-    assert torch.allclose(losses[0], losses[1], atol=1e-6, rtol=0)
-    for (name, p), q in zip(padded.named_parameters(), changed.parameters(), strict=True):
-        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+    unpad_and_checkpointing_match(RobertaForPreTraining, small_roberta(), roberta_batch(length=64, rows=(40, 30, 17, 9)))
 
 
 @pytest.mark.parametrize("flag", ["progressive_layer_drop", "deepspeed_transformer_kernel",

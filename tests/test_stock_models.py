@@ -344,12 +344,13 @@ def small_postln(**overrides):
     return model_config_from_dict({"architecture": "bert_postln", "vocab_size": 104, **values})
 
 
-def test_postln_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads():
+def unpad_and_checkpointing_match(model_class, config, batch):
+    """`--unpad` with `--checkpoint_activations` gives a block's padded training loss and gradients
+    (the same weights, a batch with padding)."""
     torch.manual_seed(0)
-    padded = BertForPreTrainingPostLN(small_postln())
-    changed = BertForPreTrainingPostLN(small_postln(), SimpleNamespace(unpad=True, checkpoint_activations=True))
+    padded = model_class(config)
+    changed = model_class(config, SimpleNamespace(unpad=True, checkpoint_activations=True))
     changed.load_state_dict(padded.state_dict())
-    batch = padded_batch(length=64, rows=(40, 30, 17, 9))
     losses = []
     for model in (padded, changed):
         loss = model.train()(batch)
@@ -358,6 +359,10 @@ def test_postln_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads(
     assert torch.allclose(losses[0], losses[1], atol=1e-6, rtol=0)
     for (name, p), q in zip(padded.named_parameters(), changed.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_postln_unpad_and_checkpoint_activations_give_the_padded_loss_and_grads():
+    unpad_and_checkpointing_match(BertForPreTrainingPostLN, small_postln(), padded_batch(length=64, rows=(40, 30, 17, 9)))
 
 
 def test_postln_is_built_with_the_speedups_and_bert_stays_the_default():

@@ -18,7 +18,7 @@ intermediate size i, n layers, vocab V and p predicted (masked) tokens per seque
 
 so 3 [n (8 s h^2 + 4 s h i + 4 s^2 h) + p (2 h^2 + 2 h V) + 2 h^2 + 4 h]. The bert_postln block
 (turing/arch/bert_postln/) has the same matmuls (its LayerNorms sit elsewhere), so the same count;
-the distilbert block (turing/arch/distilbert/) too, less the pooler and NSP head's 2 h^2 + 4 h.
+the roberta and distilbert blocks (turing/arch/roberta/, distilbert/) too, less the pooler and NSP head's 2 h^2 + 4 h.
 
 The modernbert block (turing/arch/modernbert/) differs in three places:
 - feed-forward: GeGLU, Wi (h -> 2i) then Wo (i -> h): three h x i matmuls, 2 x 2 s h (2i) +
@@ -68,7 +68,7 @@ def bert_training_flops(config, seq_length, predictions, pooler=True):
     """FLOPs of training a BERT block on one sequence (forward + backward; see the module docstring).
     `config`: a BertConfig (hidden_size, intermediate_size, num_hidden_layers, vocab_size), or the
     bert_postln architecture's PostLNConfig (the same count); `pooler` false: a block without the
-    pooler and the NSP head (the distilbert one)."""
+    pooler and the NSP head (the roberta and distilbert ones)."""
     s, h, i, n, v, p = (seq_length, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
                         config.vocab_size, predictions)
     layer = 8 * s * h * h + 4 * s * h * i + 4 * s * s * h

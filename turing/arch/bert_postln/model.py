@@ -195,17 +195,22 @@ class BertForPreTrainingPostLN(BertForPreTrainingPreLN):
     }
     nsp_head = True
 
+    encoder_class = PostLNModel   # a variant of the block (turing/arch/roberta, distilbert) names its own
+
     def __init__(self, config, options=None):
         nn.Module.__init__(self)
         options = block_options(options, type(self))
         self.config = config
-        self.bert = PostLNModel(config, bool(options.checkpoint_activations))
+        self.bert = self.encoder_class(config, bool(options.checkpoint_activations))
         self.unpad = bool(options.unpad)
         self.next_sentence_prediction = bool(options.next_sentence_prediction)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings.weight,
-                                        PostLNPredictionHeadTransform(config))
+        self.cls = self.heads(config, self.bert.embeddings.word_embeddings.weight)
         self.mlm_loss = MaskedLMLoss()
         self._init_weights()
+
+    def heads(self, config, word_embedding_weight):
+        """The MLM head (the decoder tied to `word_embedding_weight`) and the NSP head: `.cls`."""
+        return BertPreTrainingHeads(config, word_embedding_weight, PostLNPredictionHeadTransform(config))
 
     def _init_weights(self):
         std = self.config.initializer_range

@@ -41,8 +41,7 @@ from torch import nn
 
 from turing.arch.bert_postln.model import BertForPreTrainingPostLN, PostLNEncoder, PostLNPredictionHeadTransform
 from turing.errors import InputValueError
-from turing.model_options import block_options
-from turing.modeling import (LAYER_NORM_EPS, BertConfig, BertConfigError, BertLMPredictionHead, MaskedLMLoss,
+from turing.modeling import (LAYER_NORM_EPS, BertConfig, BertConfigError, BertLMPredictionHead,
                              _extended_attention_mask, config_values)
 
 ARCHITECTURE = "distilbert"
@@ -152,13 +151,7 @@ class DistilForPreTraining(BertForPreTrainingPostLN):
     architecture = ARCHITECTURE
     nsp_head = False
 
-    def __init__(self, config, options=None):
-        nn.Module.__init__(self)
-        options = block_options(options, type(self))
-        self.config = config
-        self.bert = DistilModel(config, bool(options.checkpoint_activations))
-        self.unpad = bool(options.unpad)
-        self.next_sentence_prediction = False   # block_options refuses it on: there is no head
-        self.cls = DistilMLMHead(config, self.bert.embeddings.word_embeddings.weight)
-        self.mlm_loss = MaskedLMLoss()
-        self._init_weights()
+    encoder_class = DistilModel
+
+    def heads(self, config, word_embedding_weight):
+        return DistilMLMHead(config, word_embedding_weight)   # no NSP head: block_options refuses the term

@@ -1,11 +1,14 @@
 """The "roberta" architecture: the block of RoBERTa, XLM-R and CamemBERT (`model.py`: post-LN BERT with
 RoBERTa's positions, one token type, no pooler or NSP head), its fine-tuning head (`classifier.py`)
 and its Hugging Face adapter, RobertaForMaskedLM, XLMRobertaForMaskedLM and CamembertForMaskedLM
-and their bare encoders (`hf.py`)."""
+and their bare encoders (`hf.py`). Its FLOPs: the BERT count without the pooler and the NSP head."""
+import functools
+
 from turing.arch.roberta.classifier import roberta_classifier
 from turing.arch.roberta.hf import ADAPTER
-from turing.arch.roberta.model import ARCHITECTURE, RobertaConfig, RobertaForPreTraining, roberta_training_flops
+from turing.arch.roberta.model import ARCHITECTURE, RobertaConfig, RobertaForPreTraining
 from turing.arch.spec import ArchSpec
+from turing.flops import bert_training_flops
 
 SPEC = ArchSpec(name=ARCHITECTURE, config=RobertaConfig, model=RobertaForPreTraining, classifier=roberta_classifier,
-                flops=roberta_training_flops, hf=ADAPTER)
+                flops=functools.partial(bert_training_flops, pooler=False), hf=ADAPTER)

@@ -48,9 +48,7 @@ from torch import nn
 from turing.arch.bert_postln.model import (BertForPreTrainingPostLN, PostLNConfig, PostLNEmbeddings, PostLNEncoder,
                                            PostLNPredictionHeadTransform)
 from turing.errors import InputValueError
-from turing.flops import bert_training_flops
-from turing.model_options import block_options
-from turing.modeling import BertConfigError, BertLMPredictionHead, MaskedLMLoss, _extended_attention_mask
+from turing.modeling import BertConfigError, BertLMPredictionHead, _extended_attention_mask
 
 ARCHITECTURE = "roberta"
 MODEL_TYPES = ("roberta", "xlm-roberta", "camembert")   # transformers' model types of this block
@@ -168,16 +166,10 @@ class RobertaForPreTraining(BertForPreTrainingPostLN):
     architecture = ARCHITECTURE
     nsp_head = False
 
-    def __init__(self, config, options=None):
-        nn.Module.__init__(self)
-        options = block_options(options, type(self))
-        self.config = config
-        self.bert = RobertaModel(config, bool(options.checkpoint_activations))
-        self.unpad = bool(options.unpad)
-        self.next_sentence_prediction = False   # no head: block_options refuses the term
-        self.cls = RobertaLMHead(config, self.bert.embeddings.word_embeddings.weight)
-        self.mlm_loss = MaskedLMLoss()
-        self._init_weights()
+    encoder_class = RobertaModel
+
+    def heads(self, config, word_embedding_weight):
+        return RobertaLMHead(config, word_embedding_weight)   # no NSP head: block_options refuses the term
 
     def _init_weights(self):
         super()._init_weights()
@@ -185,10 +177,3 @@ class RobertaForPreTraining(BertForPreTrainingPostLN):
         with torch.no_grad():   # transformers zeroes an embedding's padding_idx row
             self.bert.embeddings.word_embeddings.weight[pad].zero_()
             self.bert.embeddings.position_embeddings.weight[pad].zero_()
-
-
-def roberta_training_flops(config, seq_length, predictions):
-    """FLOPs of training the roberta block on one sequence: turing/flops.py's BERT count without the
-    pooler and the next-sentence head (2 h^2 + 4 h a forward), which this block does not have."""
-    h = config.hidden_size
-    return bert_training_flops(config, seq_length, predictions) - 3 * (2 * h * h + 4 * h)
