@@ -15,7 +15,7 @@ parser looks a key up in the raw dict.
 import dataclasses
 from typing import Optional, Tuple
 
-from turing.arch import DEFAULT_ARCHITECTURE, architecture_of, spec_of
+from turing.arch import architecture_of
 from turing.dataset import MASK_SPLIT, MASKED_SHARE
 from turing.errors import InputValueError
 from turing.lr_schedule import COOLDOWN_PROPORTION
@@ -62,22 +62,22 @@ class TrainingSection:
     weight_decay: float = _key(0.01, "AdamW/LAMB weight decay (biases and LayerNorms: none)")
     masked_lm_prob: float = _key(MASKED_SHARE, "the Bing provider's dynamic masking: share of tokens masked")
     mask_split: Tuple[float, float, float] = _key(tuple(MASK_SPLIT), "[mask, random, keep] shares of the masked tokens")
-    next_sentence_prediction: bool = _key(True, "the NSP term (default: on where the architecture has an NSP head)")
+    next_sentence_prediction: Optional[bool] = _key(None, "the NSP term, true or false (left out: on where the "
+                                                          "architecture has an NSP head; the run's choice is "
+                                                          "turing.run_config.check_recipe's)")
     cooldown_proportion: float = _key(COOLDOWN_PROPORTION, "WSD, budget: share of the run the final decay takes")
     cooldown_shape: str = _key("linear", "WSD, budget: the decay's shape")
 
     @classmethod
-    def from_dict(cls, section, architecture=DEFAULT_ARCHITECTURE, where="job config mixed_seq_training.<seq>"):
+    def from_dict(cls, section, where="job config mixed_seq_training.<seq>"):
         """The section of a JSON dict (its values checked by turing.run_config); keys it does not
-        know are ignored here. `where` names the section in errors. The NSP term defaults on where
-        the architecture's model has a next-sentence head (turing.arch)."""
+        know are ignored here. `where` names the section in errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in section.items() if k in known}
         if not isinstance(values.get("async_worker", False), bool):  # "present = on" in the original: say it
             raise InputValueError(f"{where}.async_worker: expected true or false, got {values['async_worker']!r}")
         if "mask_split" in values:
             values["mask_split"] = tuple(values["mask_split"])
-        values.setdefault("next_sentence_prediction", spec_of(architecture).nsp_head)
         return cls(**values)
 
 
@@ -103,13 +103,12 @@ class JobConfig:
         """The JobConfig of a job config whose `training` and `data.datasets` are this sequence
         length's (`seq`) entries (as turing.run_config.complete_arguments leaves `args.config`)."""
         model = config.get("bert_model_config") or {}
-        architecture = architecture_of(model)
         validation = config.get("validation")
         return cls(name=config.get("name"), bert_token_file=config.get("bert_token_file", ""),
                    bert_model_file=config.get("bert_model_file") or "", bert_model_config=model,
                    data_format=(config.get("data") or {}).get("format"),
                    datasets=dict((config.get("data") or {}).get("datasets") or {}),
-                   training=TrainingSection.from_dict(config.get("training") or {}, architecture,
+                   training=TrainingSection.from_dict(config.get("training") or {},
                                                       f"job config mixed_seq_training.{seq}"),
                    validation_path=validation.get("path") if isinstance(validation, dict) else None, raw=config)
 
