@@ -12,6 +12,7 @@ seeded from (seed, epoch[, rank, dataset]), so an epoch can start at any micro b
 (`get_shard(index, start_batch=k)`) and yield exactly what an uninterrupted run would.
 """
 import logging
+import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
@@ -106,6 +107,7 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         self.max_predictions_per_seq = settings.max_predictions_per_seq
         job = settings.job
         self.num_workers = job.training.num_workers
+        self.num_epochs = job.training.num_epochs
         # "async_worker": true turns the worker on; false (or no key) leaves it off
         self.use_async_worker = job.training.async_worker
         # Dynamic masking of the training batches (validation keeps the original's 15%, 80/10/10).
@@ -157,9 +159,22 @@ class BingBertDatasetProvider(BertDatasetProviderInterface):
         return open_validation_dataset(path, load_tokenizer(args.vocab_file), args)
 
     def check_shards(self):
-        for folders in self.dataset_folders.values():
-            for folder in folders:
-                BingShard(folder)
+        """Every shard folder's layout (cheap: BingShard maps the files), and that every epoch of the
+        run trains: an epoch whose shards all hold fewer samples than one optimizer step takes from
+        a shard (they give no batches) is refused here, before the model is built, naming its first
+        shard in folder order."""
+        per_step = self.world * self.micro * self.grad_accum * self.refresh_bucket_size
+        sizes = {folder: len(BingShard(folder)) for folders in self.dataset_folders.values() for folder in folders}
+        counts = [len(folders) for folders in self.dataset_folders.values()]
+        epochs = min(math.lcm(*counts), self.num_epochs or math.lcm(*counts))   # the shards repeat after that
+        for index in range(epochs):
+            read = sorted(self.shard_folder(t, index) for t in self.dataset_folders)
+            if all(sizes[folder] < per_step for folder in read):
+                raise InputValueError(
+                    f"{read[0]}: {sizes[read[0]]} samples, fewer than {self.world} rank(s) x micro batch {self.micro} "
+                    f"x {self.grad_accum} gradient accumulation steps x refresh_bucket_size "
+                    f"{self.refresh_bucket_size} = {per_step}: epoch {index + 1} would train 0 steps (no shard it "
+                    f"reads gives a batch); make fewer, larger shards, or train with a smaller batch or fewer ranks")
 
     def training_folders(self):
         return sorted({os.path.dirname(f) for folders in self.dataset_folders.values() for f in folders})

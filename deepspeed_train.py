@@ -117,8 +117,9 @@ def main(argv=None):
 def train_job(args):
     """One run of a checked command line: set up, check what it will read, build the engine,
     resume, train the epochs; returns the final RunState."""
+    setup_logging(args.log_level, Ranks.launched())   # what the process group's start says (it may compile)
     cfg = RunConfig.from_args(args, setup_process_group(args.dist_timeout))
-    setup_logging(cfg)
+    setup_logging(cfg.log_level, cfg.ranks)
     set_seeds(cfg.seed)
     open_output_folder(cfg)
     check_output_shared(cfg)
@@ -133,8 +134,7 @@ def train_job(args):
             validation_set = check_run_inputs(cfg, provider)
             cfg = universal_source(cfg)  # a ZeRO checkpoint of another rank count, converted
             if cfg.ranks.is_main:
-                logger.info("Building the model and the DeepSpeed engine (the first run on a machine also "
-                            "compiles DeepSpeed's communication op, about 30 s on a CPU)")
+                logger.info("Building the model and the DeepSpeed engine")
             session = start_session(cfg, *build_model_and_engine(cfg), validation_set)
             try:
                 start_epoch = session.checkpointer.resume(session.state)
@@ -151,9 +151,9 @@ def train_job(args):
     return state
 
 
-def setup_logging(cfg):
-    ranks = cfg.ranks
-    level = getattr(logging, cfg.log_level.upper()) if ranks.is_main else logging.WARNING
+def setup_logging(log_level, ranks):
+    """Rank 0 logs at --log_level, the others warnings and errors; each line names its rank."""
+    level = getattr(logging, log_level.upper()) if ranks.is_main else logging.WARNING
     logging.basicConfig(level=level, force=True,
                         format=f"%(asctime)s [rank {ranks.rank}] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bing_bert").setLevel(level)
@@ -462,9 +462,9 @@ def train_epochs(session, start_epoch, provider):
             logger.info("Epoch %d took %.1f s%s", epoch + 1, time.time() - started,
                         f" in this session (resumed after {resumed_at // cfg.gradient_accumulation_steps} of its "
                         f"optimizer steps)" if resumed_at else "")
-            if stop is not None:
-                logger.warning("Stopping: %s reached at epoch %d, global step %d", STOP_FLAGS[stop], epoch + 1,
-                               state.global_step)
+            if stop is not None:   # an end the command line asked for: said, not warned about
+                logger.info("Stopping: %s reached at epoch %d, global step %d", STOP_FLAGS[stop], epoch + 1,
+                            state.global_step)
                 return
 
 

@@ -125,8 +125,7 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         self.files = list_training_files(folder)
         # Same shuffle on every rank: the per-rank formula below relies on a shared order.
         random.Random(settings.seed).shuffle(self.files)
-        # check_shards() opens every shard this rank reads before the model is built.
-        self.num_epochs = job.training.num_epochs or len(self.files)
+        # check_shards() opens every shard before the model is built.
         self._future = None          # (epoch, ShardPrefetch) of the shard being read in the background
         self._loader = None
         logger.info("NVIDIA provider: %d shard files in %s, rank %d of %d", len(self.files), folder,
@@ -144,14 +143,24 @@ class NvidiaBertDatasetProvider(BertDatasetProviderInterface):
         return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
     def check_shards(self):
-        """Layout, sequence length and size of every shard this rank reads in the run (cheap:
-        no data is read), so a wrong or too small shard fails before any training."""
-        for path in dict.fromkeys(self.shard_path(epoch) for epoch in range(self.num_epochs)):
-            samples = check_hdf5_shard(path, self.max_seq_length)
-            if samples < self.micro_batch * self.grad_accum:
-                raise InputValueError(f"{path}: {samples} samples, fewer than the micro batch of {self.micro_batch} x "
-                                      f"{self.grad_accum} gradient accumulation steps: an epoch on this shard "
-                                      f"would train 0 steps")
+        """Layout, sequence length and size of every training shard (cheap: no data is read), in
+        file name order, so that a wrong or too small shard fails before any training, naming the
+        first such file. A rank reads one whole shard an epoch, so each must hold at least the
+        micro batch x gradient accumulation of one optimizer step."""
+        step = self.micro_batch * self.grad_accum
+        sizes = {path: check_hdf5_shard(path, self.max_seq_length) for path in sorted(self.files)}
+        small = [path for path, samples in sizes.items() if samples < step]
+        if small:
+            total = sum(sizes.values())
+            fix = (f"make fewer, larger shards (prepare_data --num_shards {total // step} or fewer: the {total} "
+                   f"samples make {total // step} of {step}), or train with a smaller batch" if total >= step
+                   else f"the {total} samples of all {len(sizes)} shards are fewer than one step: train with a "
+                        f"smaller batch, or on more data")
+            raise InputValueError(
+                f"{small[0]}: {sizes[small[0]]} samples, fewer than the micro batch of {self.micro_batch} x "
+                f"{self.grad_accum} gradient accumulation steps: an epoch on this shard would train 0 steps "
+                f"({len(small)} of the {len(sizes)} shards hold fewer than {step}, and a rank reads one whole shard "
+                f"an epoch); {fix}")
 
     def training_folders(self):
         return sorted({os.path.dirname(f) for f in self.files})

@@ -14,7 +14,7 @@ def get_argument_parser():
     """Every flag of the pretraining script, one line of help each, with its default."""
     parser = OneLineParser(
         description="Bing BERT pretraining with DeepSpeed",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, epilog="guide: docs/pretraining.md",
     )
     add = parser.add_argument
 

@@ -29,12 +29,17 @@ bash scripts/prepare_demo_data.sh "$WORK"
 launcher=$(command -v deepspeed || echo "$PY -m deepspeed.launcher.runner")
 # a free port for the run's rendezvous, so that two demos (or another job) on one machine do not collide
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+# The run ends where its WSD schedule does, at the job config's total_training_steps: within its 3rd
+# epoch of the demo's shards (tests/test_recipes.py checks it on the demo's data), so that no step
+# trains at learning rate 0. A bound in steps, not in time: the same steps and losses on any machine.
+stop=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["mixed_seq_training"]["128"]["total_training_steps"])' \
+  "$CONFIGS/bert_config.json")
 # keep these flags in step with the "demo" and "demo_modern" recipes of bench/bench_quality.py
 bash scripts/run_launcher.sh $launcher --num_gpus 1 --master_port "$port" deepspeed_train.py \
   --cf "$CONFIGS/bert_config.json" --deepspeed --deepspeed_config "$CONFIGS/ds_config.json" --job_name demo_bert \
   --use_nvidia_dataset --data_path_prefix "$WORK" --validation_data_path_prefix "$WORK" \
   --output_dir "$WORK/out" --max_seq_length 128 --max_predictions_per_seq 52 --lr_schedule WSD \
-  --validation_every_steps 100 --print_steps 20 --auto_resume "$@"
+  --validation_every_steps 100 --print_steps 20 --stop_at_step "$stop" --auto_resume "$@"
 "$PY" -m tools.plot_run "$WORK/out/runs/demo_bert" --output "$WORK/out/demo_loss.png"
 
 # Zero-shot quality, no fine-tuning: minimal pairs (tools/make_minimal_pairs.py) from the documents
@@ -77,4 +82,4 @@ done
 echo "4/4 the two side by side (tools/quality_table.py, also in $WORK/quality.json):"
 "$PY" -m tools.quality_table --pretrained "$WORK/quality_pretrained" --random_init "$WORK/quality_random_init" \
   --output "$WORK/quality.json"
-echo "checkpoint: $CKPT   plot: $WORK/out/demo_loss.png   Hugging Face export: see README"
+echo "checkpoint: $CKPT   plot: $WORK/out/demo_loss.png   Hugging Face export: docs/export.md"

@@ -1,6 +1,7 @@
 """Errors of the process group told apart: a peer that died or went silent is one line naming
 --auto_resume (exit 5); a plain bug inside a collective keeps its traceback; a rendezvous port
 another run holds is named as such, with the launcher flag that fixes it, before any work."""
+import os
 import socket
 import subprocess
 import sys
@@ -115,3 +116,22 @@ def test_a_port_in_use_is_named_before_any_work(data_root, tmp_path):
     assert "lost the other ranks" not in log and "Traceback" not in log
     assert not (tmp_path / "out" / "saved_models" / "tiny_bert").exists() or \
         not list((tmp_path / "out" / "saved_models" / "tiny_bert").iterdir())
+
+
+def test_the_communication_op_compile_is_announced_before_it_runs(data_root, tmp_path):
+    """Issue 43: DeepSpeed compiles its CPU communication op when the process group starts (a
+    machine's first run: 55 s in the demo, minutes on a busy machine), and the line saying so came
+    after it, with "Building the model", so the compile was silent. The line comes first now: in the
+    run's own output (stdout and stderr in one stream, unbuffered), before DeepSpeed's "... built
+    successfully" (printed on every run, whether it compiled or loaded the op)."""
+    import re
+
+    cmd = [sys.executable, os.path.join(REPO, "deepspeed_train.py"),
+           *tiny_args(data_root, tmp_path / "out", 128, "--max_steps", 1)]
+    run = subprocess.run(cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    said = re.search(r"compiles (DeepSpeed's|its CPU) communication op", run.stdout)
+    built = run.stdout.find("deepspeed_shm_comm_op built successfully")
+    assert said and built > 0, run.stdout[-3000:]
+    assert said.start() < built, run.stdout[:3000]

@@ -115,3 +115,25 @@ def test_the_configuration_reference_is_the_codes():
         written = f.read()
     assert written == config_reference.page(), "docs/reference.md is stale: python -m tools.config_reference --write"
 
+
+
+TOOLS = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(REPO, "tools", "*.py"))
+               if not path.endswith("__init__.py"))
+
+
+@pytest.mark.parametrize("program", ["deepspeed_train.py", *(f"tools.{name}" for name in TOOLS)])
+def test_every_help_names_a_guide_that_exists(program):
+    """`--help` of the trainer and of every tool ends by naming the guide that explains it
+    (`guide: docs/NAME.md`), and that guide exists."""
+    kind = "trainer" if program == "deepspeed_train.py" else "tool"
+    if kind == "trainer":
+        import deepspeed
+
+        from utils import get_argument_parser
+        parser = deepspeed.add_config_arguments(get_argument_parser())
+    else:
+        parser = importlib.import_module(program).build_parser()
+    guides = re.findall(r"docs/[\w-]+\.md", parser.format_help())
+    assert guides, f"{program} --help names no guide (add epilog=\"guide: docs/NAME.md\" to its parser)"
+    for guide in guides:
+        assert os.path.isfile(os.path.join(REPO, guide)), f"{program} --help names {guide}, which does not exist"

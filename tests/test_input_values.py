@@ -191,6 +191,24 @@ def test_epoch_of_zero_steps_is_refused_before_training(capsys, data_root, tmp_p
     assert "tiny_training_shard0.hdf5: 32 samples, fewer than the micro batch of 16 x 4 gradient" in line
 
 
+def test_every_too_small_shard_is_found_before_training_the_first_one_named(capsys, tmp_path):
+    """Shards prepare_data made too many of (issue 43: --num_shards 64 on a small corpus): every
+    training shard's size is checked before the model is built, not only those this rank reads in
+    the run's epochs, and the error names the first too small one in file name order, how many are
+    too small and how many shards the samples make. The Bing provider refuses an epoch of 0 steps
+    there too, instead of in that epoch, after the engine started."""
+    root = tmp_path / "data"
+    make_data_root(str(root), shard_sizes=[10, 16, 10, 16, 16, 16], n_valid=8)   # micro batch 16, 2 epochs
+    line = run_expect_error(capsys, argv(root, tmp_path / "out"))
+    assert "tiny_training_shard0.hdf5: 10 samples, fewer than the micro batch of 16 x 1 gradient" in line
+    assert "(2 of the 6 shards hold fewer than 16" in line and "--num_shards 5 or fewer" in line, line
+    assert not (tmp_path / "out" / "runs").exists()
+    line = run_expect_error(capsys, argv(root, tmp_path / "out_bing", nvidia=False))
+    assert f"{root / 'bing' / '128' / 'bc' / 'shard_000'}: 10 samples, fewer than 1 rank(s) x micro batch 16" in line
+    assert "epoch 1 would train 0 steps" in line, line
+    assert not (tmp_path / "out_bing" / "runs").exists()
+
+
 def _edit_shard(path, **edits):
     vocab = write_vocab(path.parent / "vocab.txt")
     write_nvidia_shard(str(path), make_instances(4, 32), vocab, 32)

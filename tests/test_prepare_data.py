@@ -1,5 +1,6 @@
 """tools/prepare_data.py: raw text to NVIDIA hdf5 and Bing numpy shards, read back."""
 import importlib
+import logging
 import os
 import random
 import subprocess
@@ -311,6 +312,31 @@ def test_output_is_the_same_for_any_number_of_workers(data, tmp_path, nvidia_out
     for shard in ("train/shard_000", "train/shard_001", "validation/shard_000"):
         for name in os.listdir(bing_out / shard):
             assert (two / shard / name).read_bytes() == (bing_out / shard / name).read_bytes()
+
+
+def test_shards_smaller_than_the_training_batch_are_warned_about_the_shards_unchanged(data, tmp_path, nvidia_out,
+                                                                                      caplog):
+    """--train_batch_size: shards too small for the batch one rank trains a step on are one warning
+    that names how many and the --num_shards that fits (issue 43: --num_shards 64 on a small corpus
+    made shards the trainer refused 14 minutes later); the files are those of the run without it."""
+    import json
+
+    sizes = json.loads((nvidia_out / "stats.json").read_text())["sets"]["train"]["shard_sizes"]
+    batch = max(sizes) + 1
+    caplog.set_level(logging.WARNING)
+    same = run(data, tmp_path / "nv", "--num_shards", 3, "--validation_fraction", 0.1, "--chunk_size_mb", 0.004,
+               "--train_batch_size", batch)
+    (warning,) = [r.getMessage() for r in caplog.records if "--train_batch_size" in r.getMessage()]
+    assert warning.startswith(f"3 of 3 training shards hold fewer sequences than --train_batch_size {batch} "
+                              f"(the smallest: {min(sizes)}): a rank reads a whole NVIDIA shard an epoch")
+    assert f"--num_shards {sum(sizes) // batch} or fewer" in warning, warning
+    for sub in ("train", "validation"):
+        for name in os.listdir(nvidia_out / sub):
+            assert (same / sub / name).read_bytes() == (nvidia_out / sub / name).read_bytes(), name
+    caplog.clear()
+    run(data, tmp_path / "fits", "--num_shards", 3, "--validation_fraction", 0.1, "--chunk_size_mb", 0.004,
+        "--train_batch_size", min(sizes))
+    assert not [r for r in caplog.records if "--train_batch_size" in r.getMessage()]
 
 
 def test_seed_changes_the_output(data, tmp_path, nvidia_out):

@@ -105,6 +105,26 @@ def test_planted_near_duplicates_are_found_and_written_for_a_look(planted, tmp_p
     assert "filters" not in off and off["documents_kept"] == 46
 
 
+def test_the_signature_pass_and_the_summary_count_near_duplicates_alike(planted, tmp_path, caplog):
+    """Issue 43: the pass said "near duplicates: 5 of 126 documents" where the summary said
+    near_dedup 2 and 3 exact duplicates. The pass marks exact copies too (the exact-duplicate filter
+    drops them first): its line says so, and its count is the summary's two added up."""
+    import logging
+
+    root, corpus, path, vocab = planted
+    with_copy = files.write_jsonl(str(tmp_path / "docs.jsonl"), corpus + [corpus[5]])    # one exact copy
+    caplog.set_level(logging.INFO, logger="tools.prep.neardup")
+    stats = run(with_copy, vocab, tmp_path / "o")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "tools.prep.neardup"]
+    near, exact = stats["filters"]["near_dedup"]["removed"]["near_duplicate"], stats["duplicates"]
+    assert (near, exact) == (6, 1)
+    assert line.startswith(f"near-duplicate pass: {near + exact} of the input's {len(corpus) + 1} documents are "
+                           f"like an earlier one, exact copies included"), line
+    assert line.endswith("the summary counts those as exact duplicates, the others as near_dedup"), line
+    summary = "\n".join(_lines(stats))
+    assert f"{exact} exact duplicates" in summary and f"filters: near_dedup {near}" in summary
+
+
 def _lines(stats):
     """The closing summary's lines for these stats."""
     return Summary(output_dir="o", fmt="bing", read={k: stats[k] for k in (

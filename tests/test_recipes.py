@@ -203,3 +203,61 @@ def test_demo_says_what_each_quality_stage_does_before_it_runs(tmp_path):
     assert stages[2][0].startswith("3/4 scoring a randomly initialised twin")
     for init in ("pretrained", "random_init"):
         assert f"its log: {work}/quality_{init}.log" in "\n".join(quality)
+
+
+def _demo_training_flags(tmp_path, configs):
+    """The training flags scripts/demo.sh gives the launcher with DEMO_CONFIGS=`configs`: every other
+    command is a stand-in that does nothing (Python runs its -c one-liners only), so the launcher's
+    stand-in records what the script computed and passed."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tmp_path.mkdir(parents=True)
+    calls = tmp_path / "launcher.txt"
+    (tmp_path / "python").write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exec {sys.executable} \"$@\"; fi\n")
+    (tmp_path / "deepspeed").write_text(f"#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > {calls}\n")
+    for name in ("python", "deepspeed"):
+        (tmp_path / name).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(["bash", os.path.join(repo, "scripts", "demo.sh"), str(work)], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHON": str(tmp_path / "python"), "DEMO_CONFIGS": configs,
+                               "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    flags = calls.read_text().splitlines()
+    return {name: value for name, value in zip(flags, flags[1:]) if name.startswith("--")}
+
+
+def test_the_demo_ends_where_its_schedule_ends_within_its_third_epoch(tmp_path):
+    """Issue 43: the demo trained 3 epochs (1,275 steps) with a WSD schedule over the job config's
+    total_training_steps (1,251): its last 24 steps at learning rate 0, and the trainer's warning
+    about them. scripts/demo.sh now ends the run where the schedule ends (--stop_at_step, read from
+    the job config), and on the demo's own data (scripts/prepare_demo_data.sh, deterministic) that
+    step lies within the 3rd epoch: the run gets there (the learning rate reaches 0 as it ends, not
+    before and not after) and trains about the 3 epochs the README describes."""
+    import subprocess
+
+    import h5py
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stops = set()
+    for configs in ("configs/demo_modern", "configs/demo"):
+        job = json.load(open(os.path.join(repo, configs, "bert_config.json")))
+        training = job["mixed_seq_training"]["128"]
+        flags = _demo_training_flags(tmp_path / configs.replace("/", "_"), configs)
+        assert flags["--lr_schedule"] == "WSD" and flags["--cf"] == f"{configs}/bert_config.json"
+        assert int(flags["--stop_at_step"]) == training["total_training_steps"]
+        ds = json.load(open(os.path.join(repo, configs, "ds_config.json")))
+        step = ds["train_micro_batch_size_per_gpu"] * ds.get("gradient_accumulation_steps", 1)   # one rank
+        stops.add((training["total_training_steps"], training["num_epochs"], step,
+                   job["data"]["mixed_seq_datasets"]["128"]["pretrain_dataset"]))
+    (stop, epochs, step, shards), = stops       # both recipes: the same data, batch and schedule
+    work = tmp_path / "demo_data"
+    subprocess.run(["bash", os.path.join(repo, "scripts", "prepare_demo_data.sh"), str(work)], cwd=repo, check=True,
+                   capture_output=True, timeout=600)
+    folder = work / shards
+    steps = sorted(h5py.File(folder / name, "r")["input_ids"].shape[0] // step for name in os.listdir(folder))
+    # an epoch reads one shard (one rank): the stop comes after epochs - 1 of the longest, within the last
+    assert sum(steps[-1:] * (epochs - 1)) < stop <= epochs * steps[0], (steps, stop)

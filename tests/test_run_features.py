@@ -65,6 +65,28 @@ def test_time_budget_stops_cleanly_and_resume_keeps_elapsed(data_root, tmp_path)
     assert again["train_seconds"] > client["train_seconds"]
 
 
+def test_a_bf16_loss_is_printed_with_the_digits_it_holds(data_root, tmp_path, capsys):
+    """Issue 43: a bf16 run printed loss=9.000000 for steps in a row, as if stuck (bf16's neighbours
+    of 9.0 are 8.9375 and 9.0625). The progress lines give a bf16 loss its 3 significant digits and
+    say once why; TensorBoard's Train/loss keeps the values as computed. fp32 keeps its 6 decimals."""
+    from testkit.launcher import PROGRESS
+
+    train(data_root, tmp_path / "out", ds_config(tmp_path, bf16={"enabled": True}), "--max_steps", 3,
+          "--print_steps", 1, "--log_level", "info")
+    err = capsys.readouterr().err
+    printed = [loss for _, loss, _, _ in PROGRESS.findall(err)]
+    assert len(printed) == 3 and all(re.fullmatch(r"\d\.\d\d|\d\d\.\d", p) for p in printed), printed
+    assert err.count("The training loss is computed in bf16: the progress lines print the 3 significant digits "
+                     "it holds") == 1, err
+    logged = [v for _, v in scalars(tmp_path / "out")[0]["Train/loss"]]
+    assert [float(p) for p in printed] == [float(f"{v:.3g}") for v in logged]
+    assert any(len(repr(v)) > 5 for v in logged)        # TensorBoard's values are not rounded
+    train(data_root, tmp_path / "fp32", ds_config(tmp_path / "fp32"), "--max_steps", 1, "--print_steps", 1,
+          "--log_level", "info")
+    err = capsys.readouterr().err
+    assert re.search(r"bing_bert_progress: step=1, loss=\d+\.\d{6}, ", err) and "computed in" not in err
+
+
 def test_metrics_in_tensorboard(data_root, tmp_path):
     train(data_root, tmp_path / "out", ds_config(tmp_path), "--validation_data_path_prefix",
           os.path.join(data_root, "nvidia", "128"), "--print_steps", 4)

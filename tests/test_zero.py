@@ -98,7 +98,7 @@ def test_zero_stage_resumes_exactly_and_exports(stage, data_root, no_dropout, re
     stop at step 3, 2 ranks resume: the same losses. Each ends epoch 1 with the weights of the
     uninterrupted run. (Progress lines show rank 0's loss, so losses compare only on the same
     number of ranks.) ZeRO stage 3 on another number of ranks loads through the universal checkpoint
-    too, but not exactly with DeepSpeed 0.19.8 (see README), so it is not asserted here."""
+    too, but not exactly with DeepSpeed 0.19.8 (see docs/multinode.md), so it is not asserted here."""
     out = tmp_path / "out"
     if stage == 3:
         first = two_ranks(data_root, out, no_dropout, ds(tmp_path, 3), "--max_steps", 3)

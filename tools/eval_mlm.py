@@ -68,7 +68,7 @@ DEFAULT_BATCH_TOKENS = 16384
 def build_parser():
     p = OneLineParser(description="Zero-shot quality of a masked LM: minimal-pair accuracy by "
                                   "pseudo-log-likelihood, MLM scores on held-out text beside the "
-                                  "unigram baseline.")
+                                  "unigram baseline.", epilog="guide: docs/evaluation.md")
     p.add_argument("--model", required=True,
                    help="checkpoint folder (job folder or tag folder), state dict file, Hugging Face folder, or "
                         "the id of a model in the local Hugging Face cache (ORG/NAME; never downloaded)")

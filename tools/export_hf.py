@@ -42,7 +42,7 @@ from turing.errors import OneLineParser  # light (argparse only): before --help 
 def build_parser():
     parser = OneLineParser(description="Export a DeepSpeed checkpoint of ours as a Hugging Face "
                                        "masked-LM folder (RoBERTa-PreLayerNorm, BERT or ModernBERT, "
-                                       "as its architecture; offline).")
+                                       "as its architecture; offline).", epilog="guide: docs/export.md")
     parser.add_argument("--checkpoint_dir", required=True,
                         help="OUT/saved_models/JOB (or one of its tag folders)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. epoch2_step60 (default: the 'latest' file)")

@@ -84,7 +84,7 @@ from turing.errors import OneLineParser  # light (argparse only): before --help 
 
 def build_parser():
     p = OneLineParser(description="Fine-tune a pretrained BERT on GLUE tasks (cramming's GLUE-sane "
-                                  "protocol) and report dev scores.")
+                                  "protocol) and report dev scores.", epilog="guide: docs/finetuning.md")
     p.add_argument("--model", required=True,
                    help="checkpoint folder (job folder or tag folder), state dict file, Hugging Face folder, or "
                         "the id of a model in the local Hugging Face cache (ORG/NAME; never downloaded)")

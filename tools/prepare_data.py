@@ -128,7 +128,7 @@ logger = logging.getLogger(__name__)
 def build_parser():
     p = OneLineParser(description="Turn a corpus (text, a Wikipedia dump, WikiExtractor output, JSON lines, parquet, "
                             "a Hugging Face dataset) into BERT pretraining shards: NVIDIA hdf5 or Bing numpy.",
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter, epilog="guide: docs/data.md")
     p.add_argument("--input", nargs="+", required=True,
                    help="files or folders (a folder's .txt files, or its files of the other layouts); with "
                         "--input_format hf also a dataset name in the local Hugging Face cache")
@@ -209,6 +209,11 @@ def build_parser():
     p.add_argument("--dupe_factor", type=int, default=5,
                    help="passes over the documents, each cutting (and masking) them differently")
     p.add_argument("--num_shards", type=int, default=1, help="training shards (validation: one)")
+    p.add_argument("--train_batch_size", type=int, default=None, metavar="N",
+                   help="the global batch the shards are for (the DeepSpeed config's train_batch_size): training "
+                        "shards holding fewer sequences are warned about (the trainer refuses a shard smaller than "
+                        "the batch one rank trains a step on: a rank reads a whole NVIDIA shard an epoch); the "
+                        "shards are the same with or without it")
     p.add_argument("--validation_fraction", type=float, default=0.0,
                    help="share of documents put in the validation set (0: none)")
     p.add_argument("--seed", type=int, default=12345)
@@ -247,6 +252,8 @@ def validate_args(args):
     for flag in ("dupe_factor", "num_shards", "workers"):
         if getattr(args, flag) < 1:
             raise PrepareDataError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    if args.train_batch_size is not None and args.train_batch_size < 1:
+        raise PrepareDataError(f"--train_batch_size {args.train_batch_size}: must be at least 1")
     if args.stage_workers is not None and args.stage_workers < 0:
         raise PrepareDataError(f"--stage_workers {args.stage_workers}: must be at least 0")
     if not 0 < args.chunk_size_mb < math.inf:
@@ -401,6 +408,7 @@ def prepare(args, signals=None):
         summary.read, warnings = reader.outcome
 
         _finish_sets(summary, shard_sets, args.input, tokens_by_id, tokenizer.do_lower_case, stages)
+        warn_small_shards(summary.sets[TRAIN].shard_sizes, args.train_batch_size, args.format)
         pool.close()
         pool = None
         for warning in warnings:
@@ -607,6 +615,25 @@ def _finish_sets(summary, shard_sets, inputs, tokens_by_id=(), do_lower_case=Tru
 
 
 UNK_WARNING = 0.01
+
+
+def warn_small_shards(sizes, batch, fmt):
+    """--train_batch_size: one warning when training shards hold fewer sequences than the batch, with
+    the largest --num_shards the sequences fill with a batch each. The trainer refuses a shard smaller
+    than the batch one rank trains a step on: an NVIDIA shard is read whole by one rank an epoch (on
+    R ranks it needs the batch / R), the ranks share a Bing shard (an epoch of such shards alone
+    trains 0 steps)."""
+    small = [size for size in sizes if size < (batch or 0)]
+    if not small:
+        return
+    total = sum(sizes)
+    reader = ("a rank reads a whole NVIDIA shard an epoch, and the trainer refuses one smaller than the batch a "
+              "rank trains a step on (the batch / R on R ranks)" if fmt == "nvidia" else
+              "the ranks share a Bing shard, and an epoch whose shards all hold fewer trains 0 steps")
+    fix = (f"make fewer shards: --num_shards {total // batch} or fewer" if total >= batch else
+           f"the {total} training sequences are fewer than one batch: add text, or train with a smaller batch")
+    logger.warning("%d of %d training shards hold fewer sequences than --train_batch_size %d (the smallest: %d): "
+                   "%s; %s", len(small), len(sizes), batch, min(small), reader, fix)
 
 
 def unk_cause(tokens_by_id, do_lower_case):

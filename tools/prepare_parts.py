@@ -347,7 +347,7 @@ def stops_interrupt():
 def build_parser():
     p = OneLineParser(description="Run every part of a prepare_data --num_parts run as a task of "
                                   "datatrove's local or Ray executor, with completion markers",
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter, epilog="guide: docs/data.md")
     p.add_argument("--num_parts", type=int, required=True, help="the parts (tasks); each is --part K of N")
     p.add_argument("--parallel_parts", type=int, default=1,
                    help="parts run at a time, on this machine or the Ray cluster (each with its own --workers "

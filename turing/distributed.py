@@ -9,6 +9,7 @@ one line naming --auto_resume.
 import datetime
 import errno
 import gc
+import logging
 import os
 import socket
 import traceback
@@ -23,6 +24,8 @@ from turing.internals import (deepspeed_shm_buffer_path, forget_deepspeed_groups
                               set_default_collective_timeout, set_group_timeout)
 from turing.process import Ranks
 
+logger = logging.getLogger(__name__)
+
 
 def setup_process_group(timeout_seconds):
     """The process group, with every collective bounded by `timeout_seconds` and its start-up
@@ -32,6 +35,9 @@ def setup_process_group(timeout_seconds):
     if not dist.is_initialized():
         ensure_process_group_env()
         check_master_port_free()
+        if get_accelerator().device_name() == "cpu":   # said before it happens: minutes without a line
+            logger.info("Starting the process group (on a machine's first run DeepSpeed compiles its CPU "
+                        "communication op here: about a minute on an idle machine, several on a busy one)")
         release_stale_build_locks()  # DeepSpeed builds its communication op next (a machine's first run)
         try:
             collectives = bound_collectives(timeout_seconds)

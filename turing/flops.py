@@ -39,7 +39,9 @@ MFU = (sequences/s x FLOPs per sequence) / (ranks x peak FLOP/s of one device). 
 unknown GPU, or --peak_tflops measure) the rate of a large matmul measured here. A measured peak
 is only a lower bound of what the device can do (measured under whatever else runs at the time):
 when the run's own model FLOP rate exceeds it, the reporter measures again and takes the larger
-of the two rates, so a measured MFU never exceeds 100% (turing.reporting).
+of the two rates, so a measured MFU never exceeds 100% (turing.reporting). The MFU against a
+measured peak moves with the machine's load (other work slows the model, and raises the peak when
+it leaves): the reporter says so once, with the first progress line, and raises the peak silently.
 """
 import functools
 import time

@@ -45,3 +45,14 @@ class Ranks:
     def current(cls):
         rank, world = get_rank_and_world()
         return cls(rank, world, int(os.environ.get("LOCAL_RANK", "0")))
+
+    @classmethod
+    def launched(cls):
+        """This process's place as its launcher's environment says it, before the process group is up
+        (RANK, WORLD_SIZE and LOCAL_RANK; MPI's OMPI_COMM_WORLD_*; one rank of one without a launcher),
+        for what the program says while the group starts."""
+        env = os.environ
+        rank = env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", "0"))
+        world = env.get("WORLD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "1"))
+        local = env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        return cls(int(rank), int(world), int(local))

@@ -9,6 +9,7 @@ validating or checkpointing is not in it), the share of that time spent waiting 
 an estimate of the time the run has left.
 """
 import logging
+import math
 
 import torch
 
@@ -17,6 +18,26 @@ from turing.flops import is_measured
 from turing.sinks import TensorBoardSink, open_sinks, write_metrics  # noqa: F401 (write_metrics: importable here)
 
 logger = logging.getLogger("bing_bert")
+
+LOW_PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+# Said once, with the first progress line, where the peak is a measured matmul (the CPU, an unknown GPU).
+MEASURED_PEAK_NOTE = ("MFU: the peak is measured on this machine as loaded now, so the MFU moves with the load (other "
+                      "work slows the model and the measurement by turns); where the model runs faster than the peak, "
+                      "it is measured again and raised, silently: the MFU stays at most 100% "
+                      "(Train/peak_TFLOPs_per_device follows it)")
+
+
+def significant_digits(dtype):
+    """The decimal digits a floating-point type holds: 3 for bf16 (8 significant bits), 4 for fp16."""
+    return math.ceil(-math.log10(torch.finfo(dtype).eps))
+
+
+def value_spacing(value, dtype):
+    """The distance between neighbouring values of `dtype` near `value` (bf16 at 9: 0.0625)."""
+    if not math.isfinite(value) or value == 0:
+        return torch.finfo(dtype).tiny
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(value)))
 
 
 class Reporter:
@@ -40,6 +61,7 @@ class Reporter:
         self._said = set()         # first_time's keys
         self._fp16_skipped = 0     # the engine's count of overflow-skipped fp16 steps, last seen
         self.pending = []          # (step, samples, lr, loss tensor) not yet written
+        self.loss_dtype = None     # a bf16/fp16 loss's dtype: printed to the digits it holds (None: fp32's %.6f)
         self.window = (clock.session_seconds(), 0, 0.0)  # training seconds at its start, steps, data wait
 
     @property
@@ -84,6 +106,8 @@ class Reporter:
         """One optimizer step's results: `loss` (this rank's, on the device), the LR it ran at,
         the seconds it waited for data; `steps_left`, the run's remaining optimizer steps where
         known (for the time estimate)."""
+        if loss.dtype in LOW_PRECISION:
+            self.loss_dtype = loss.dtype
         self.pending.append((state.global_step, state.global_data_samples, lr, loss))
         start, steps, waited = self.window
         self.window = (start, steps + 1, waited + data_wait)
@@ -105,6 +129,8 @@ class Reporter:
             self.peak = self._peak_tflops()
             logger.info("MFU against a peak of %.3g TFLOP/s per device (%s); %.3g FLOPs per training sequence",
                         self.peak[0], self.peak[1], self.flops_per_sequence)
+            if is_measured(self.peak[1]):
+                logger.info("%s", MEASURED_PEAK_NOTE)
             self.log(state.global_step, {"Train/peak_TFLOPs_per_device": self.peak[0],
                                          "Train/FLOPs_per_sequence": self.flops_per_sequence})
         achieved = rate * self.flops_per_sequence / (self.ranks.world * 1e12)   # model TFLOP/s per device
@@ -121,19 +147,21 @@ class Reporter:
         if written is not None:
             loss, lr = written
             eta = "" if steps_left is None or not steps else f", eta {steps_left * elapsed / steps / 60:.1f} min"
-            logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d, samples_per_s=%.1f, "
-                        "tokens_per_s=%.0f, mfu=%.2f%%, data_wait=%.1f%%%s%s", state.global_step, loss, lr,
-                        state.global_data_samples, rate, rate * cfg.max_seq_length, 100 * mfu,
-                        100 * waited / elapsed, memory, eta)
+            logger.info("bing_bert_progress: step=%d, loss=%s, lr=%.6g, sample_count=%d, samples_per_s=%.1f, "
+                        "tokens_per_s=%.0f, mfu=%.2f%%, data_wait=%.1f%%%s%s", state.global_step,
+                        self._loss_text(loss), lr, state.global_data_samples, rate, rate * cfg.max_seq_length,
+                        100 * mfu, 100 * waited / elapsed, memory, eta)
 
     def _raise_peak(self, step, achieved):
-        """The measured peak is below the model's own rate: measure again, take the larger."""
+        """The measured peak is below the model's own rate: measure again, take the larger. Said at
+        debug level (MEASURED_PEAK_NOTE said at the start why it happens) and in TensorBoard
+        (Train/peak_TFLOPs_per_device): on a loaded machine it happens again and again."""
         again, source = self._peak_tflops(again=True)
         before = self.peak[0]
         self.peak = (max(again, achieved), f"{source}, raised at step {step}")
-        logger.warning("MFU: the model ran at %.3g TFLOP/s per device at step %d, above the measured peak of %.3g "
-                       "(measured under other load); measured again: %.3g; MFU is now against %.3g TFLOP/s%s", achieved,
-                       step, before, again, self.peak[0], "" if again >= achieved else " (the model's own rate)")
+        logger.debug("MFU: the model ran at %.3g TFLOP/s per device at step %d, above the measured peak of %.3g; "
+                     "measured again: %.3g; MFU is now against %.3g TFLOP/s%s", achieved, step, before, again,
+                     self.peak[0], "" if again >= achieved else " (the model's own rate)")
         self.log(step, {"Train/peak_TFLOPs_per_device": self.peak[0]})
 
     def flush(self, to_disk=False):
@@ -161,9 +189,23 @@ class Reporter:
         step, samples, last_lr, _ = self.pending[-1]
         self.pending = []
         if line and self.is_master:
-            logger.info("bing_bert_progress: step=%d, loss=%.6f, lr=%.6g, sample_count=%d", step, losses[-1], last_lr,
-                        samples)
+            logger.info("bing_bert_progress: step=%d, loss=%s, lr=%.6g, sample_count=%d", step,
+                        self._loss_text(losses[-1]), last_lr, samples)
         return losses[-1], last_lr
+
+    def _loss_text(self, loss):
+        """The training loss as the progress lines print it: fp32's to 6 decimals; a bf16 or fp16
+        loss to the significant digits its type holds (bf16 9.0 and 9.0625 are neighbours: 9.000000
+        printed for steps in a row looked stuck), said once with the first."""
+        if self.loss_dtype is None:
+            return f"{loss:.6f}"
+        name, digits = LOW_PRECISION[self.loss_dtype], significant_digits(self.loss_dtype)
+        if self.first_time("loss_digits"):
+            logger.info("The training loss is computed in %s: the progress lines print the %d significant digits "
+                        "it holds (neighbouring %s values near %.3g are %.2g apart, so a value may repeat); "
+                        "TensorBoard's Train/loss has it as computed", name, digits, name, loss,
+                        value_spacing(loss, self.loss_dtype))
+        return f"{loss:#.{digits}g}"
 
     def validation(self, state, epoch, epoch_end, loss, mlm_acc, nsp_acc):
         """A validation result: by epoch (`Validation/*`, x = epoch number) at an epoch's end, and

@@ -84,7 +84,10 @@ class SignaturePass:
         count = self._sign(documents, check_stop, pool)
         removed = self._mark(count)
         _save(self.removed_file, removed)
-        logger.info("near duplicates: %d of %d documents (signature pass and marking: %.1f s)",
+        # Not the stage's count: exact copies are marked too (the exact-duplicate filter drops and counts
+        # them first), and with --num_parts the pass reads every part's documents.
+        logger.info("near-duplicate pass: %d of the input's %d documents are like an earlier one, exact copies "
+                    "included (%.1f s); the summary counts those as exact duplicates, the others as near_dedup",
                     len(removed), count, time.perf_counter() - start)
         return removed
 
