@@ -12,3 +12,17 @@ fi
 req=requirements.txt
 [ "${1:-}" = "dev" ] && req=requirements-dev.txt
 "$PY" -m pip install -q -r "$req"
+# DeepSpeed builds its CPU communication op on first use (about a minute, longer on a busy
+# machine); build it here, once per machine, so that no run spends its start compiling or waits
+# on another run's build. Nothing to do where an accelerator is found (the op is the CPU's).
+"$PY" - >/dev/null <<'PYEOF'
+import logging
+logging.disable(logging.WARNING)
+from deepspeed.accelerator import get_accelerator
+if get_accelerator().device_name() == "cpu":
+    import sys
+    print("set-up: DeepSpeed's CPU communication op (compiled on a machine's first set-up: about a minute)",
+          file=sys.stderr, flush=True)
+    from deepspeed.comm.torch import build_shm_op
+    build_shm_op()
+PYEOF

@@ -134,3 +134,32 @@ def test_the_lock_of_a_killed_extension_build_is_released(tmp_path, monkeypatch,
     assert released == [os.path.realpath(stale)]
     assert not (stale / "lock").exists() and (fresh / "lock").exists() and (building / "lock").exists()
     assert "stopped before it finished" in caplog.text
+
+    finished = tmp_path / "finished_op"  # a build that has just written its library: its lock is not stale
+    finished.mkdir()
+    (finished / "lock").write_text("")
+    os.utime(finished / "lock", (old, old))
+    (finished / "op.so").write_text("")
+    assert os.path.realpath(finished) not in internals.release_stale_build_locks() and (finished / "lock").exists()
+
+
+def test_a_wait_on_a_build_killed_moments_before_ends(tmp_path, monkeypatch):
+    """The lock of a build killed moments before a run starts is not stale yet when the run looks;
+    torch then waits on it without a time limit (its FileBaton). While the op loads, the lock is
+    looked at again until it is stale, so the wait ends (the CPU communication op's first build,
+    killed, hung the next run's process group start-up for ever)."""
+    import threading
+
+    from torch.utils.file_baton import FileBaton
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(internals, "STALE_LOCK_SECONDS", 1)
+    monkeypatch.setattr(internals, "STALE_LOCK_POLL_SECONDS", 0.2)
+    (tmp_path / "killed_op").mkdir()
+    lock = tmp_path / "killed_op" / "lock"
+    lock.write_text("")  # just now, by a build that was then killed
+    waiting = threading.Thread(target=FileBaton(str(lock), wait_seconds=0.05).wait, daemon=True)
+    with internals.stale_build_locks_released():
+        waiting.start()
+        waiting.join(timeout=30)
+    assert not waiting.is_alive() and not lock.exists()

@@ -249,6 +249,11 @@ def test_early_bert_checkpoints_layer_norm_names_and_tied_copies_are_read(folder
     ours, theirs = read_weights(str(folder)), read_weights(str(folders["bert_pretraining"]))
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
+    legacy["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"] + 1   # a "tied" copy that is not
+    save_file(legacy, str(folder / "model.safetensors"))
+    with pytest.raises(InputValueError, match="cls.predictions.decoder.bias differs from cls.predictions.bias"):
+        read_weights(str(folder))
+
 
 def _edit_config(folder, **changes):
     config = json.loads((folder / "config.json").read_text())

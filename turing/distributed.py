@@ -20,8 +20,8 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from turing.errors import InputError
-from turing.internals import (deepspeed_shm_buffer_path, forget_deepspeed_groups, release_stale_build_locks,
-                              set_default_collective_timeout, set_group_timeout)
+from turing.internals import (deepspeed_shm_buffer_path, forget_deepspeed_groups, set_default_collective_timeout,
+                              set_group_timeout, stale_build_locks_released)
 from turing.process import Ranks
 
 logger = logging.getLogger(__name__)
@@ -38,10 +38,10 @@ def setup_process_group(timeout_seconds):
         if get_accelerator().device_name() == "cpu":   # said before it happens: minutes without a line
             logger.info("Starting the process group (on a machine's first run DeepSpeed compiles its CPU "
                         "communication op here: about a minute on an idle machine, several on a busy one)")
-        release_stale_build_locks()  # DeepSpeed builds its communication op next (a machine's first run)
         try:
             collectives = bound_collectives(timeout_seconds)
-            deepspeed.init_distributed(timeout=datetime.timedelta(seconds=join_seconds(timeout_seconds)))
+            with stale_build_locks_released():  # DeepSpeed loads its communication op here (built on first use)
+                deepspeed.init_distributed(timeout=datetime.timedelta(seconds=join_seconds(timeout_seconds)))
         except dist.DistNetworkError as e:
             if is_port_in_use(e):  # taken between the check and the bind
                 raise InputError(port_in_use_message()) from None

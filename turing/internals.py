@@ -22,10 +22,12 @@ why no public API serves (tests/test_internals.py fails loudly when one of them 
   data-parallel and expert groups) in module globals of deepspeed.utils.groups, which no public
   call releases; while they are held, torch's destroy_process_group leaves their threads running.
 """
+import contextlib
 import datetime
 import glob
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -35,6 +37,7 @@ from torch.utils.cpp_extension import get_default_build_root
 
 logger = logging.getLogger(__name__)
 STALE_LOCK_SECONDS = 120  # a live build takes its lock and starts its compiler within moments
+STALE_LOCK_POLL_SECONDS = 10  # how often a process waiting on a build looks for a stale lock again
 
 # deepspeed/ops/csrc/cpu/comm/shm.cpp: "%s_%d_%s_%s" of SHM_BUFFER_NAME, uid, MASTER_ADDR,
 # MASTER_PORT, then "%s_%d" with the rank
@@ -89,9 +92,10 @@ def tensor_version(tensor):
 def release_stale_build_locks(now=None):
     """Remove the `lock` of every extension build folder (under $TORCH_EXTENSIONS_DIR and torch's
     default build root) that no process works in (no process has its current folder there: the
-    compiler ninja runs in it) and that is older than STALE_LOCK_SECONDS: a build killed before it
-    finished. The build starts again at the next load (ninja keeps what was compiled). Returns
-    the folders released."""
+    compiler ninja runs in it) and in which nothing, the lock included, was written for
+    STALE_LOCK_SECONDS: a build killed before it finished (a build that just finished has just
+    written its library, and keeps its lock). The build starts again at the next load (ninja keeps
+    what was compiled). Returns the folders released."""
     now = time.time() if now is None else now
     roots = {os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()}
     locks = sorted({p for root in roots for pattern in ("*/lock", "*/*/lock")
@@ -107,8 +111,8 @@ def release_stale_build_locks(now=None):
     for lock in locks:
         folder = os.path.realpath(os.path.dirname(lock))
         try:
-            age = now - os.stat(lock).st_mtime
-        except FileNotFoundError:
+            age = now - max(os.stat(entry.path).st_mtime for entry in os.scandir(folder))
+        except (FileNotFoundError, ValueError):
             continue
         if age < STALE_LOCK_SECONDS or any(cwd == folder or cwd.startswith(folder + os.sep) for cwd in busy):
             continue
@@ -120,3 +124,25 @@ def release_stale_build_locks(now=None):
                        "building there); removed, so the op is built again instead of waited for", lock, age)
         released.append(folder)
     return released
+
+
+@contextlib.contextmanager
+def stale_build_locks_released():
+    """Run the block (a load of a JIT-built op: building it, or waiting on the process that builds
+    it) while releasing stale build locks every STALE_LOCK_POLL_SECONDS (release_stale_build_locks):
+    torch waits on another process's lock with no time limit, so a wait on a build killed moments
+    before this one started ends once that lock is stale, instead of never."""
+    release_stale_build_locks()
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(STALE_LOCK_POLL_SECONDS):
+            release_stale_build_locks()
+
+    watcher = threading.Thread(target=watch, name="stale-build-locks", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()

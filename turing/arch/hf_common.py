@@ -60,6 +60,25 @@ def same_values(copy, tensor):
     return copy.is_meta or tensor.is_meta or torch.equal(copy, tensor)
 
 
+def word_embedding_of(state_dict, key, vocab_size):
+    """The word embedding `key` of a Hugging Face state dict, checked to have the config's
+    `vocab_size` rows."""
+    word = state_dict[key]
+    if word.shape[0] != vocab_size:
+        raise ConversionError(f"{key} has {word.shape[0]} rows, config vocab_size is {vocab_size}")
+    return word
+
+
+def check_tied(state_dict, ties):
+    """Each (copy key, tensor, the tensor's key) of `ties` whose copy the state dict holds (the
+    MLM decoder's weight, and a decoder's own bias key) must hold the values of the tensor it is
+    tied to: our MLM decoder is tied to the word embedding, with the head's bias."""
+    for copy, tensor, tied_to in ties:
+        if copy in state_dict and not same_values(state_dict[copy], tensor):
+            raise ConversionError(f"{copy} differs from {tied_to}: our MLM decoder is tied to the word embedding, "
+                                  "with the head's bias")
+
+
 def under_prefix(state_dict, prefix, bare_roots):
     """The keys of a bare encoder as its masked-LM class names them: `BertModel.save_pretrained`
     writes `embeddings.*`, `encoder.*`, ... where BertForMaskedLM writes `bert.embeddings.*`, so keys

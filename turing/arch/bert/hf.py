@@ -26,8 +26,8 @@ and no remote code. The differences, and how the mapping handles them:
 import logging
 
 from turing.arch.hf_common import (FLOAT32, NO_BERT_HEADS, VOCAB_ROWS, WORDPIECE, check_encoder_config, check_keys,
-                                   config_dict, fresh_bias, head_absent, layers_in, readme_head, same_values,
-                                   under_prefix, with_vocab_padding)
+                                   check_tied, config_dict, fresh_bias, head_absent, layers_in, readme_head,
+                                   same_values, under_prefix, with_vocab_padding, word_embedding_of)
 from turing.arch.spec import HFAdapter
 from turing.errors import ConversionError
 from turing.modeling import LAYER_NORM_EPS, BertConfig, BertConfigError
@@ -217,11 +217,8 @@ def hf_to_ours(hf_state_dict, hf_config):
     check_keys(sd, expected, optional, "Hugging Face state dict")
 
     vocab_real = cfg["vocab_size"]
-    word = sd[_HF_WORD]
-    if word.shape[0] != vocab_real:
-        raise ConversionError(f"{_HF_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
-    if "lm_head.decoder.weight" in sd and not same_values(sd["lm_head.decoder.weight"], word):
-        raise ConversionError("lm_head.decoder.weight differs from the word embeddings: our MLM decoder is tied")
+    word = word_embedding_of(sd, _HF_WORD, vocab_real)
+    check_tied(sd, [("lm_head.decoder.weight", word, _HF_WORD)])
     ours = {o: sd[h].clone() for o, h in pairs + [p for p in _POOLER_PAIRS if p[1] in sd]}
     ours[_WORD], ours[_BIAS] = with_vocab_padding(word, fresh_bias(word) if headless else sd["lm_head.bias"])
     ours[_DECODER] = ours[_WORD]  # tied

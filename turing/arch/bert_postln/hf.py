@@ -12,8 +12,8 @@ position_ids buffer some files hold are dropped (checked equal where they are te
 """
 from turing.arch.bert_postln.model import PostLNConfig
 from turing.arch.hf_common import (FLOAT32, NO_BERT_HEADS, VOCAB_ROWS, WORDPIECE, check_encoder_config, check_keys,
-                                   config_dict, fresh_bias, head_absent, legacy_layer_norm_names, readme_head,
-                                   same_values, under_prefix, vocab_rows_of, with_vocab_padding)
+                                   check_tied, config_dict, fresh_bias, head_absent, legacy_layer_norm_names,
+                                   readme_head, under_prefix, vocab_rows_of, with_vocab_padding, word_embedding_of)
 from turing.arch.spec import HFAdapter
 from turing.errors import ConversionError
 from turing.modeling import _ACTIVATIONS, BertConfigError
@@ -107,14 +107,10 @@ def hf_to_postln(hf_state_dict, hf_config):
     keys = _postln_keys(config.num_hidden_layers, head=not headless)
     check_keys(sd, keys + [_WORD] + ([] if headless else [_BIAS]),
                list(POSTLN_MISSING_KEYS) + [_DECODER, _POSTLN_DECODER_BIAS], "Hugging Face state dict")
-    vocab_real, word = cfg["vocab_size"], sd[_WORD]
-    if word.shape[0] != vocab_real:
-        raise ConversionError(f"{_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
+    vocab_real = cfg["vocab_size"]
+    word = word_embedding_of(sd, _WORD, vocab_real)
     bias = fresh_bias(word) if headless else sd[_BIAS]
-    for copy, tensor in ((_DECODER, word), (_POSTLN_DECODER_BIAS, bias)):
-        if copy in sd and not same_values(sd[copy], tensor):
-            raise ConversionError(f"{copy} differs from its tied tensor: our MLM decoder is tied to the word "
-                                  "embedding, with the bias cls.predictions.bias")
+    check_tied(sd, [(_DECODER, word, _WORD), (_POSTLN_DECODER_BIAS, bias, _BIAS)])
     ours = {k: sd[k].clone() for k in keys + [k for k in POSTLN_MISSING_KEYS if k in sd]}
     ours[_WORD], ours[_BIAS] = with_vocab_padding(word, bias)
     ours[_DECODER] = ours[_WORD]  # tied

@@ -18,9 +18,9 @@ masked-LM head created as transformers creates it (`head_absent`). Refused on im
 sinusoidal position table (`sinusoidal_pos_embds`), an activation the block does not compute.
 """
 from turing.arch.distilbert.model import DistilConfig
-from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, config_dict, fresh_bias,
-                                   head_absent, readme_head, same_values, under_prefix, vocab_rows_of,
-                                   with_vocab_padding)
+from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, check_tied, config_dict,
+                                   fresh_bias, head_absent, readme_head, under_prefix, vocab_rows_of,
+                                   with_vocab_padding, word_embedding_of)
 from turing.arch.spec import HFAdapter
 from turing.errors import ConversionError
 from turing.modeling import _ACTIVATIONS, BertConfigError
@@ -120,11 +120,9 @@ def hf_to_distil(hf_state_dict, hf_config):
     pairs = _key_pairs(config.num_hidden_layers, head=not headless)
     check_keys(sd, [theirs for _, theirs in pairs] + [_HF_WORD] + ([] if headless else [_HF_BIAS]), [_HF_DECODER],
                "Hugging Face state dict")
-    vocab_real, word = cfg["vocab_size"], sd[_HF_WORD]
-    if word.shape[0] != vocab_real:
-        raise ConversionError(f"{_HF_WORD} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
-    if _HF_DECODER in sd and not same_values(sd[_HF_DECODER], word):
-        raise ConversionError(f"{_HF_DECODER} differs from {_HF_WORD}: our MLM decoder is tied to the word embedding")
+    vocab_real = cfg["vocab_size"]
+    word = word_embedding_of(sd, _HF_WORD, vocab_real)
+    check_tied(sd, [(_HF_DECODER, word, _HF_WORD)])
     ours = {k: sd[theirs].clone() for k, theirs in pairs}
     ours[_WORD], ours[_BIAS] = with_vocab_padding(word, fresh_bias(word) if headless else sd[_HF_BIAS])
     ours[_DECODER] = ours[_WORD]  # tied

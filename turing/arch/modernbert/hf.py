@@ -9,9 +9,9 @@ otherwise: the model has no pooler and no NSP head. Positions are RoPE, computed
 first token in both models, so there is no table to shift. The config writes transformers'
 `layer_types` and `rope_parameters`.
 """
-from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, config_dict, fresh_bias,
-                                   head_absent, readme_head, same_values, under_prefix, vocab_rows_of,
-                                   with_vocab_padding)
+from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, check_tied, config_dict,
+                                   fresh_bias, head_absent, readme_head, under_prefix, vocab_rows_of,
+                                   with_vocab_padding, word_embedding_of)
 from turing.arch.modernbert.model import FULL, SLIDING, ModernConfig
 from turing.arch.spec import HFAdapter
 from turing.errors import ConversionError
@@ -133,11 +133,9 @@ def hf_to_modern(hf_state_dict, hf_config):
     word_key = _to_hf_key(_MODERN_WORD)
     check_keys(sd, [_to_hf_key(k) for k in keys] + [word_key] + ([] if headless else ["decoder.bias"]),
                ["decoder.weight"], "Hugging Face state dict")
-    vocab_real, word = cfg["vocab_size"], sd[word_key]
-    if word.shape[0] != vocab_real:
-        raise ConversionError(f"{word_key} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
-    if "decoder.weight" in sd and not same_values(sd["decoder.weight"], word):
-        raise ConversionError("decoder.weight differs from the token embeddings: our MLM decoder is tied")
+    vocab_real = cfg["vocab_size"]
+    word = word_embedding_of(sd, word_key, vocab_real)
+    check_tied(sd, [("decoder.weight", word, word_key)])
     ours = {k: sd[_to_hf_key(k)].clone() for k in keys}
     ours[_MODERN_WORD], ours[_MODERN_BIAS] = with_vocab_padding(word, fresh_bias(word) if headless
                                                                 else sd["decoder.bias"])

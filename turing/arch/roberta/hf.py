@@ -19,9 +19,9 @@ are dropped (the copies checked equal to what they copy); a bare encoder's MLM h
 (`head_absent`: its transform as the model initialises it, a zero bias, the decoder tied).
 """
 from turing.arch.bert_postln.hf import _postln_keys
-from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, config_dict, fresh_bias,
-                                   head_absent, readme_head, same_values, under_prefix, vocab_rows_of,
-                                   with_vocab_padding)
+from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, check_tied, config_dict,
+                                   fresh_bias, head_absent, readme_head, under_prefix, vocab_rows_of,
+                                   with_vocab_padding, word_embedding_of)
 from turing.arch.roberta.model import MODEL_TYPES, RobertaConfig
 from turing.arch.spec import HFAdapter
 from turing.errors import ConversionError
@@ -132,14 +132,10 @@ def hf_to_roberta(hf_state_dict, hf_config):
                 "roberta.pooler.dense.bias"]
     check_keys(sd, [_hf_key(k) for k in keys] + [hf_word] + ([] if headless else [hf_bias]), optional,
                "Hugging Face state dict")
-    vocab_real, word = cfg["vocab_size"], sd[hf_word]
-    if word.shape[0] != vocab_real:
-        raise ConversionError(f"{hf_word} has {word.shape[0]} rows, config vocab_size is {vocab_real}")
+    vocab_real = cfg["vocab_size"]
+    word = word_embedding_of(sd, hf_word, vocab_real)
     bias = fresh_bias(word) if headless else sd[hf_bias]
-    for copy, tensor in ((hf_decoder, word), (_HF_DECODER_BIAS, bias)):
-        if copy in sd and not same_values(sd[copy], tensor):
-            raise ConversionError(f"{copy} differs from its tied tensor: our MLM decoder is tied to the word "
-                                  f"embedding, with the bias {hf_bias}")
+    check_tied(sd, [(hf_decoder, word, hf_word), (_HF_DECODER_BIAS, bias, hf_bias)])
     ours = {k: sd[_hf_key(k)].clone() for k in keys}
     ours[_WORD], ours[_BIAS] = with_vocab_padding(word, bias)
     ours[_DECODER] = ours[_WORD]  # tied
