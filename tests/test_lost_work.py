@@ -242,11 +242,12 @@ def test_stop_signal_with_dataloader_workers_writes_a_checkpoint(provider, sig, 
 def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tmp_path):
     """Ctrl-C (SIGINT to the job's process group) through scripts/run_launcher.sh, as demo.sh and the
     GPU scripts start the launcher: the rank's stop line and checkpoint, no KeyboardInterrupt
-    traceback from DeepSpeed's runner after it. Started bare, the runner's traceback is DeepSpeed's
-    own (the README says so): the stop and its checkpoint are the same. The rank gets Ctrl-C's SIGINT
-    itself and launch.py's SIGTERM (its answer to the same SIGINT) a moment later; a copy within two
-    seconds of the first is not a second stop, so the stop line names whichever the rank handled
-    first (SIGTERM first was seen once in six runs on a loaded machine)."""
+    traceback from DeepSpeed's runner after it. Started bare, the runner may print its own traceback
+    (DeepSpeed's; whether it does races the rank's exit: seen missing once on a loaded machine):
+    the stop and its checkpoint are the same. The rank gets Ctrl-C's SIGINT itself and launch.py's
+    SIGTERM (its answer to the same SIGINT) a moment later; a copy within two seconds of the first
+    is not a second stop, so the stop line names whichever the rank handled first (SIGTERM first
+    was seen once in six runs on a loaded machine)."""
     args = _long_run_args(data_root, tmp_path, True)
     log = tmp_path / "run.log"
     wrapper = ["bash", os.path.join(REPO, "scripts", "run_launcher.sh")] if wrapped else []
@@ -260,7 +261,8 @@ def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tm
     text = log.read_text()
     assert re.search(r"stopped by SIG(INT|TERM); checkpoint of global step", text), text[-3000:]
     assert latest(tmp_path / "out").startswith("step")
-    assert ("KeyboardInterrupt" in text) is not wrapped, text[-3000:]
+    if wrapped:   # bare, DeepSpeed's runner prints its own KeyboardInterrupt traceback, or not: it races the rank's exit
+        assert "KeyboardInterrupt" not in text, text[-3000:]
 
 
 def test_killing_the_deepspeed_command_stops_the_rank_and_a_second_run_waits_for_it(data_root, tmp_path, capsys):
