@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tests.launch import ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
+from tests.launch import TINY_CFG, ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
 from tests.test_modernbert import fine_tune_one_epoch  # noqa: E402
 from tests.test_stock_models import (close, needs_transformers, padded_batch, record_first_batch,  # noqa: E402
                                      stock_job, test_sigkill_during_a_checkpoint_then_auto_resume_repeats_the_run
@@ -350,6 +350,19 @@ def test_the_trainer_refuses_a_folder_with_two_token_types_in_one_line(xlmr_fold
     line = expect_input_error(capsys, train_in_process, data_root, tmp_path / "out", ds_config(tmp_path),
                               "--use_pretrain", cf=stock_job(tmp_path, folder))
     assert "type_vocab_size 2; the xlm-roberta block imported has one token type" in line, line
+
+
+def test_a_from_scratch_run_whose_tokenizer_pads_with_another_id_is_refused_before_training(data_root, tmp_path,
+                                                                                              capsys):
+    """A roberta job config with a WordPiece vocab ([PAD] is id 0) and RoBERTa's default
+    pad_token_id 1 would train, then be refused at export: it is refused at the start, in one line."""
+    job = json.loads(open(TINY_CFG, encoding="utf-8").read())
+    job["bert_model_config"] = {**job["bert_model_config"], "architecture": "roberta", "type_vocab_size": 1}
+    (tmp_path / "roberta.json").write_text(json.dumps(job))
+    line = expect_input_error(capsys, train_in_process, data_root, tmp_path / "out", ds_config(tmp_path),
+                              cf=str(tmp_path / "roberta.json"))
+    assert "the tokenizer's pad id is 0, bert_model_config's pad_token_id 1" in line and "set to 0" in line, line
+    assert not list((tmp_path / "out" / "saved_models" / "tiny_bert").iterdir())   # no checkpoint, no args.json
 
 
 def test_an_export_whose_tokenizer_pads_with_another_id_is_one_error_line():

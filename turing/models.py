@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from turing.arch import model_config_from_dict, pretraining_model
+from turing.arch import check_tokenizer, model_config_from_dict, pretraining_model
 from turing.batch import Batch
 from turing.errors import InputFileNotFoundError
 from turing.modeling import BertConfigError
@@ -29,6 +29,7 @@ class BertMultiTask:
             raise BertConfigError("job config: missing key 'bert_model_config' (the model sizes)")
         self.config = model_config_from_dict(model_config)
         tokenizer = load_tokenizer(args.vocab_file)
+        check_tokenizer(self.config, tokenizer, f"tokenizer {args.vocab_file}")
         # One row per id (a vocab.txt's lines, repeated ones included), padded to 8 for tensor-core friendly shapes.
         self.config.vocab_size = tokenizer.rows(self.config.vocab_size)
         logger.info("Model vocab size %d (tokenizer %s has %d ids)",

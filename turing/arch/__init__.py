@@ -50,6 +50,12 @@ def pretraining_model(config, options=None):
     return apply_speedups(spec_of(config.architecture).model(config, options))
 
 
+def check_tokenizer(config, tokenizer, where):
+    """Refuse, in one line naming `where`, a tokenizer `config`'s model cannot be trained with
+    (RoBERTa: another pad id than its pad_token_id), before anything is trained."""
+    spec_of(config.architecture).check_tokenizer(config, tokenizer.special, where)
+
+
 def training_flops(config, seq_length, predictions):
     """FLOPs of training `config`'s model on one sequence of `seq_length` tokens with `predictions`
     masked ones (forward + backward; the formulas are derived in turing/flops.py)."""

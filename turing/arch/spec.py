@@ -11,6 +11,10 @@ def _default_verify_length(config):
     return 32
 
 
+def _any_tokenizer(config, special, where):
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class HFAdapter:
     """One architecture's weights in Hugging Face's classes (turing/arch/NAME/hf.py).
@@ -49,13 +53,16 @@ class ArchSpec:
       `nsp_head` (turing.model_options reads them);
     classifier: (pretraining model, config, num_labels) -> the fine-tuning model on its encoder;
     flops: (config, seq_length, predictions) -> FLOPs of training on one sequence;
-    hf: its HFAdapter."""
+    hf: its HFAdapter;
+    check_tokenizer: (config, the tokenizer's special ids {role: id}, where) raises one error line
+      naming `where` if the model cannot be trained with that tokenizer (default: any fits)."""
     name: str
     config: type
     model: type
     classifier: Callable
     flops: Callable
     hf: Optional[HFAdapter] = None
+    check_tokenizer: Callable = _any_tokenizer
 
     @property
     def nsp_head(self):

@@ -9,6 +9,17 @@ from turing.arch.roberta.hf import ADAPTER
 from turing.arch.roberta.model import ARCHITECTURE, RobertaConfig, RobertaForPreTraining
 from turing.arch.spec import ArchSpec
 from turing.flops import bert_training_flops
+from turing.modeling import BertConfigError
+
+
+
+def check_tokenizer(config, special, where):
+    """A tokenizer padding with another id than pad_token_id is refused before training (the export
+    would refuse it after)."""
+    problem = config.pad_id_problem(special["pad"])
+    if problem:
+        raise BertConfigError(f"{where}: {problem}")
+
 
 SPEC = ArchSpec(name=ARCHITECTURE, config=RobertaConfig, model=RobertaForPreTraining, classifier=roberta_classifier,
-                flops=functools.partial(bert_training_flops, pooler=False), hf=ADAPTER)
+                flops=functools.partial(bert_training_flops, pooler=False), hf=ADAPTER, check_tokenizer=check_tokenizer)

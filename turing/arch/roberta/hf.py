@@ -60,11 +60,9 @@ def roberta_to_hf(state_dict, config, vocab_size_real, pad_token_id, bos_token_i
     must be the config's (transformers numbers positions from the pad id it finds in the input);
     bos/eos_token_id: written to the config (the tokenizer's cls and sep). Returns (hf_state_dict,
     hf_config_dict); tensors keep their dtype."""
-    if pad_token_id != config.pad_token_id:
-        raise ConversionError(f"the tokenizer's pad id is {pad_token_id}, bert_model_config's pad_token_id "
-                              f"{config.pad_token_id}: transformers numbers a RoBERTa's positions from the pad id of "
-                              "its input, the model was trained numbering them from pad_token_id; train with "
-                              "pad_token_id set to the tokenizer's pad id")
+    problem = config.pad_id_problem(pad_token_id)
+    if problem:
+        raise ConversionError(problem)
     keys = _postln_keys(config.num_hidden_layers)
     check_keys(state_dict, keys + [_WORD, _BIAS], [_DECODER], "our state dict")
     hf = {_hf_key(k): state_dict[k].clone() for k in keys}

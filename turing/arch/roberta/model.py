@@ -85,6 +85,16 @@ class RobertaConfig(PostLNConfig):
         self.model_type = model_type
         self.classifier_dropout = classifier_dropout
 
+    def pad_id_problem(self, pad_id):
+        """Why a tokenizer padding with `pad_id` cannot feed this model, in words; None where it can.
+        transformers numbers a RoBERTa's positions from the pad id it finds in the input, this model
+        from pad_token_id: they must be one id, or the exported model reads other position rows."""
+        if pad_id == self.pad_token_id:
+            return None
+        return (f"the tokenizer's pad id is {pad_id}, bert_model_config's pad_token_id {self.pad_token_id}: "
+                "transformers numbers a RoBERTa's positions from the pad id of its input, the model numbers them "
+                f"from pad_token_id; train with bert_model_config's pad_token_id set to {pad_id}")
+
     @property
     def first_position(self):
         """The row of the position table a sequence's first token reads (transformers' pad_token_id + 1)."""
