@@ -528,6 +528,42 @@ def test_trained_checkpoint_exports_to_its_stock_class_and_fine_tunes(stock_run,
     fine_tune_one_epoch(export, tmp_path)  # one step, its score the dev predictions' accuracy
 
 
+@pytest.fixture(scope="module")
+def headless_bin_run(data_root, tmp_path_factory):
+    """4 steps, a checkpoint every 2, from a bare BertModel folder whose weights are only a
+    pytorch_model.bin (as domain models such as BioBERT are published), dropout 0.1: stock_run's
+    layout, so that the same kill and export tests run on it."""
+    root = tmp_path_factory.mktemp("run_headless_bin")
+    folder = root / "bert_headless_bin"
+    torch.manual_seed(0)
+    bare = transformers.BertModel(hf_config("bert_mlm", dropout=0.1))
+    bare.save_pretrained(str(folder))   # config.json (transformers of today writes safetensors only) ...
+    os.remove(folder / "model.safetensors")
+    torch.save(bare.state_dict(), folder / "pytorch_model.bin")   # ... and the weights as older ones did
+    lines = open(data_root / "vocab.txt", encoding="utf-8").read().splitlines() + EXTRA
+    (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
+    cf, ds, out = stock_job(root, folder), ds_config(root / "ds"), root / "out"
+    state = train_in_process(data_root, out, ds, "--use_pretrain", "--max_steps", 4, "--checkpoint_every_steps", 2,
+                             cf=cf)
+    assert state.global_step == 4
+    return {"folder": folder, "cf": cf, "ds": ds, "out": out, "ckpt": out / "saved_models" / JOB}
+
+
+@needs_transformers
+def test_a_bare_encoder_as_pytorch_model_bin_kill_resumes_bit_for_bit_and_exports(headless_bin_run, data_root,
+                                                                                   tmp_path):
+    """The fresh heads a bare encoder gets (MLM transform and bias, NSP) are part of the run's
+    state like any weight: SIGKILLed in its last checkpoint and run again, the run repeats the
+    uninterrupted losses and weights; the trained model exports to BertForMaskedLM."""
+    from tools import export_hf
+
+    test_sigkill_during_a_checkpoint_then_auto_resume_repeats_the_run(headless_bin_run, data_root, tmp_path)
+    export = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint_dir", str(headless_bin_run["ckpt"]), "--output_dir", str(export)]) == 0
+    assert json.loads((export / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert open_trained(str(export)).architecture == "bert_postln"
+
+
 @needs_transformers
 @pytest.mark.parametrize("job, expected", [
     ({"bert_model_config": {"architecture": "bert_postln", "vocab_size": 99, "hidden_size": 64,
