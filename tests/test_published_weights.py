@@ -18,7 +18,9 @@ import torch  # noqa: E402
 
 from tests.launch import ds_config, expect_input_error, train_in_process, train_losses  # noqa: E402
 from tests.test_stock_models import (close, hf_logits, needs_transformers, padded_batch, stock_folder,  # noqa: E402
-                                     stock_job, stock_model)
+                                     stock_job, stock_model,
+                                     test_sigkill_during_a_checkpoint_then_auto_resume_repeats_the_run
+                                     as sigkill_then_auto_resume)
 from turing.errors import CheckpointNotFoundError, ConversionError, InputValueError, UnsafeCheckpointError  # noqa: E402
 from turing.hf_folder import hf_folder_config  # noqa: E402
 from turing.pretrained import open_trained, read_weights  # noqa: E402
@@ -339,3 +341,38 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(published, tmp_pat
         open_trained(str(folder))
     assert str(error.value) == (f"{folder / 'model.safetensors.index.json'}: names '../../outside.safetensors', a "
                                 f"file outside {folder}; the shards of an index are files of its folder")
+
+
+@pytest.fixture(scope="module", params=["sharded_bin", "sentence_transformers", "model_id"])
+def layout_run(request, data_root, tmp_path_factory):
+    """4 steps, a checkpoint every 2, from the stock BertForMaskedLM with dropout 0.1 in one
+    published layout: shards of pytorch_model.bin with their index, a sentence-transformers folder,
+    or a model id in the Hugging Face cache (HF_HUB_CACHE given in "env"); test_stock_models.py's
+    stock_run, for its kill test."""
+    layout, root = request.param, tmp_path_factory.mktemp(f"run_{request.param}")
+    source = stock_folder("bert_mlm", root / "safetensors", data_root / "vocab.txt", dropout=0.1)
+    env = {}
+    if layout == "sentence_transformers":
+        model = sentence_transformers_folder(source, root / "st", "0_Transformer")
+    else:
+        model = bin_folder(source, root / "sharded", shards=3)
+    if layout == "model_id":
+        cache_model(root / "hub", MODEL_ID, model)
+        model, env = MODEL_ID, {"HF_HUB_CACHE": str(root / "hub")}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        cf, ds, out = stock_job(root, model), ds_config(root / "ds"), root / "out"
+        state = train_in_process(data_root, out, ds, "--use_pretrain", "--max_steps", 4, "--checkpoint_every_steps",
+                                 2, cf=cf)
+    assert state.global_step == 4
+    return {"folder": model, "cf": cf, "ds": ds, "out": out, "ckpt": out / "saved_models" / "tiny_bert", "env": env}
+
+
+def test_each_published_layout_kill_resumes_bit_for_bit(layout_run, data_root, tmp_path, monkeypatch):
+    """SIGKILLed inside its last checkpoint and run again, a run started from each layout repeats
+    the uninterrupted losses and final weights bit for bit (the model is opened again at the
+    restart, from the same layout)."""
+    for key, value in layout_run["env"].items():
+        monkeypatch.setenv(key, value)
+    sigkill_then_auto_resume(layout_run, data_root, tmp_path)
