@@ -60,6 +60,15 @@ def same_values(copy, tensor):
     return copy.is_meta or tensor.is_meta or torch.equal(copy, tensor)
 
 
+def renamed(key, roots):
+    """`key` with its root renamed: the first (ours, theirs) of `roots` it starts with, `ours`
+    replaced by `theirs` (our state dict's keys -> an adapter's Hugging Face names)."""
+    for ours, theirs in roots:
+        if key.startswith(ours):
+            return theirs + key[len(ours):]
+    raise ConversionError(f"our state dict: key {key} is not under {', '.join(o for o, _ in roots)}")
+
+
 def word_embedding_of(state_dict, key, vocab_size):
     """The word embedding `key` of a Hugging Face state dict, checked to have the config's
     `vocab_size` rows."""

@@ -10,7 +10,7 @@ first token in both models, so there is no table to shift. The config writes tra
 `layer_types` and `rope_parameters`.
 """
 from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, check_tied, config_dict,
-                                   fresh_bias, head_absent, readme_head, under_prefix, vocab_rows_of,
+                                   fresh_bias, head_absent, readme_head, renamed, under_prefix, vocab_rows_of,
                                    with_vocab_padding, word_embedding_of)
 from turing.arch.modernbert.model import FULL, SLIDING, ModernConfig
 from turing.arch.spec import HFAdapter
@@ -33,10 +33,7 @@ _MODERN_SAME_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "n
 
 
 def _to_hf_key(key):
-    for ours, hf in _MODERN_ROOTS:
-        if key.startswith(ours):
-            return hf + key[len(ours):]
-    raise ConversionError(f"our state dict: key {key} is not under {', '.join(o for o, _ in _MODERN_ROOTS)}")
+    return renamed(key, _MODERN_ROOTS)
 
 
 _HEAD_KEYS = tuple(f"cls.head.{n}.{p}" for n in ("dense", "norm") for p in ("weight", "bias"))

@@ -20,7 +20,7 @@ are dropped (the copies checked equal to what they copy); a bare encoder's MLM h
 """
 from turing.arch.bert_postln.hf import _postln_keys
 from turing.arch.hf_common import (FLOAT32, VOCAB_ROWS, check_encoder_config, check_keys, check_tied, config_dict,
-                                   fresh_bias, head_absent, readme_head, under_prefix, vocab_rows_of,
+                                   fresh_bias, head_absent, readme_head, renamed, under_prefix, vocab_rows_of,
                                    with_vocab_padding, word_embedding_of)
 from turing.arch.roberta.model import MODEL_TYPES, RobertaConfig
 from turing.arch.spec import HFAdapter
@@ -46,10 +46,7 @@ _SAME_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interm
 
 
 def _hf_key(key):
-    for ours, hf in _ROOTS:
-        if key.startswith(ours):
-            return hf + key[len(ours):]
-    raise ConversionError(f"our state dict: key {key} is not under {', '.join(o for o, _ in _ROOTS)}")
+    return renamed(key, _ROOTS)
 
 
 def roberta_to_hf(state_dict, config, vocab_size_real, pad_token_id, bos_token_id=None, eos_token_id=None):
