@@ -154,6 +154,15 @@ def plain_model_from_checkpoint(out, tag="epoch2_step8", job="tiny_bert"):
     return model
 
 
+def tool_error_line(capsys, main, argv):
+    """A tool's main(argv) must exit with code 2 having printed exactly one line to stderr, its
+    `error: ...` line; returns it."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
 def one_error_line(err):
     """The single `error: ...` line of a run's stderr (and no traceback)."""
     lines = [line for line in err.splitlines() if line.startswith("error: ")]

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.launch import TINY_CFG, one_error_line  # noqa: E402
+from tests.launch import TINY_CFG, one_error_line, tool_error_line  # noqa: E402
 from testkit.synthetic import make_data_root  # noqa: E402
 from tools import eval_mlm  # noqa: E402
 from turing.checkpoint_files import COMPLETE_MARKER, MODEL_STATES_FILE  # noqa: E402
@@ -195,10 +195,7 @@ def test_wilson_interval():
 
 
 def _error_line(capsys, argv):
-    assert eval_mlm.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+    return tool_error_line(capsys, eval_mlm.main, argv)
 
 
 def test_bad_pair_files_are_one_error_line(tiny, tmp_path, capsys):

@@ -13,6 +13,7 @@ import pytest
 
 from testkit import corpora as files
 from testkit.launcher import REPO
+from tests.launch import tool_error_line
 from tools import prepare_data
 from tools.prep.filters import document_key
 from tools.prep.instances import create_instance_spans, truncation
@@ -465,10 +466,7 @@ def test_build_vocab_gives_the_same_vocab_and_shards_in_every_process(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 def error_of(capsys, argv):
-    assert prepare_data.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
-    return err[0]
+    return tool_error_line(capsys, prepare_data.main, argv)
 
 
 def test_bad_inputs_give_one_error_line(data, tmp_path, capsys):

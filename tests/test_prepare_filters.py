@@ -17,7 +17,7 @@ import pytest
 
 from testkit import corpora as files
 from testkit.launcher import REPO
-from tests.launch import wait_for_line
+from tests.launch import tool_error_line, wait_for_line
 from tests.test_prepare_corpora import kill_after_chunks
 from tools import prepare_data
 from tools.prep import neardup, ngrams, quality
@@ -260,10 +260,7 @@ def test_an_other_language_document_is_dropped(planted, tmp_path):
 
 
 def one_error(argv, capsys):
-    assert prepare_data.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+    return tool_error_line(capsys, prepare_data.main, argv)
 
 
 def test_a_run_whose_stages_leave_nothing_shows_what_they_removed(planted, tmp_path, capsys):
@@ -571,9 +568,8 @@ def test_bad_settings_and_evaluation_sets_are_one_error_line(planted, tmp_path, 
              "EMPTYDIR": tmp_path / "empty", "IN_TRAIN": tmp_path / "o" / "train" / "removed",
              "A_FILE": tmp_path / "a_file", "KEPT": tmp_path / "kept"}
     flags = [str(names.get(f, f)) for f in flags]
-    assert prepare_data.main(argv_of(path, vocab, tmp_path / "o", *flags)) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    line = one_error(argv_of(path, vocab, tmp_path / "o", *flags), capsys)
+    assert expected in line, line
     assert not (tmp_path / "o" / "train").exists()
 
 
