@@ -261,7 +261,7 @@ def test_ctrl_c_of_a_launcher_run_ends_with_the_stop_line(wrapped, data_root, tm
     text = log.read_text()
     assert re.search(r"stopped by SIG(INT|TERM); checkpoint of global step", text), text[-3000:]
     assert latest(tmp_path / "out").startswith("step")
-    if wrapped:   # bare, DeepSpeed's runner prints its own KeyboardInterrupt traceback, or not: it races the rank's exit
+    if wrapped:   # bare, DeepSpeed's runner prints its own KeyboardInterrupt traceback or not: a race
         assert "KeyboardInterrupt" not in text, text[-3000:]
 
 

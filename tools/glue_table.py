@@ -54,7 +54,8 @@ def column_names(specs):
 
 
 def build_parser():
-    parser = OneLineParser(description="Scores of several fine-tuning runs side by side.", epilog="guide: docs/finetuning.md")
+    parser = OneLineParser(description="Scores of several fine-tuning runs side by side.",
+                           epilog="guide: docs/finetuning.md")
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH",
                         help="output folder (or results.json) of tools/finetune_glue.py")
     return parser

@@ -217,7 +217,8 @@ def build_demo_corpus(path, max_bytes=None):
 
 
 def build_parser():
-    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter, epilog="guide: docs/demo.md")
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           epilog="guide: docs/demo.md")
     parser.add_argument("--output", required=True, help="corpus file to write (one sentence per line)")
     parser.add_argument("--max_bytes", type=int, default=None,
                         help="stop after the last whole document within this size (default: all)")

@@ -71,7 +71,8 @@ class MinimalPairsError(InputValueError):
 
 def build_parser():
     p = OneLineParser(description="Make minimal pairs (BLiMP's jsonl layout) from the documents "
-                                  "tools/prepare_data.py held out of its pretraining shards.", epilog="guide: docs/evaluation.md")
+                                  "tools/prepare_data.py held out of its pretraining shards.",
+                      epilog="guide: docs/evaluation.md")
     p.add_argument("--heldout", metavar="OUT", default=None,
                    help="a tools/prepare_data.py --output_dir: the pairs come from the documents it held out "
                         "(its documents.json and heldout.jsonl)")

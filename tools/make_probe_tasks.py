@@ -61,7 +61,8 @@ STAGING_PREFIX = ".make_probe_tasks."  # the folder new tasks are written in bef
 
 
 def build_parser():
-    p = OneLineParser(description="Make the offline probe tasks (GLUE layout) from a text corpus.", epilog="guide: docs/finetuning.md")
+    p = OneLineParser(description="Make the offline probe tasks (GLUE layout) from a text corpus.",
+                      epilog="guide: docs/finetuning.md")
     p.add_argument("--input", default=None, help="corpus: one sentence per line, blank line between documents "
                                                   "(a file, or a folder of .txt files); with --heldout, the corpus "
                                                   "prepare_data read, where it is now (default: the one OUT records)")

@@ -212,7 +212,8 @@ def last_validation(run_dirs):
 
 def build_parser():
     parser = OneLineParser(description="Plot training loss, learning rate, validation and throughput "
-                                       "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.", epilog="guide: docs/metrics.md")
+                                       "of one or more runs (TensorBoard folders OUT/runs/JOB) into a PNG.",
+                           epilog="guide: docs/metrics.md")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard folder of a run")
     parser.add_argument("--output", "-o", default="loss.png", help="PNG file to write (default: loss.png)")
     parser.add_argument("--smooth", type=float, default=0.9,

@@ -183,7 +183,8 @@ def table(doc):
 
 
 def build_parser():
-    parser = OneLineParser(description="A checkpoint's quality beside its random-init twin.", epilog="guide: docs/evaluation.md")
+    parser = OneLineParser(description="A checkpoint's quality beside its random-init twin.",
+                           epilog="guide: docs/evaluation.md")
     parser.add_argument("--pretrained", required=True, help="tools/eval_mlm.py output folder of the checkpoint")
     parser.add_argument("--random_init", required=True, help="the same with --random_init")
     parser.add_argument("--output", default=None, help="write the table's numbers to this JSON file")

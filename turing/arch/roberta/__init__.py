@@ -12,7 +12,6 @@ from turing.flops import bert_training_flops
 from turing.modeling import BertConfigError
 
 
-
 def check_tokenizer(config, special, where):
     """A tokenizer padding with another id than pad_token_id is refused before training (the export
     would refuse it after)."""
