@@ -222,8 +222,9 @@ def stop_parts(processes, signum=signal.SIGTERM, timeout=STOP_SECONDS):
 
 def run_local(executor, ranks, parallel, signals, errors):
     """Parts `ranks` on this machine, `parallel` at a time, each in a process of its own
-    (start_part); returns {part: how it did not finish} once all ran, or raises StopRequested
-    once `signals` has a stop, after stopping the parts running (stop_parts)."""
+    (start_part), until all ran: how a part did not finish is logged and written to `errors`
+    (part_failure), where main() reads it; raises StopRequested once `signals` has a stop, after
+    stopping the parts running (stop_parts)."""
     ctx, _ = worker_context(())
     waiting, running, failed = collections.deque(ranks), {}, {}
     free = list(range(parallel))      # datatrove's local ranks: local rank 0 logs to the console too
@@ -249,7 +250,6 @@ def run_local(executor, ranks, parallel, signals, errors):
         stop_parts([process for _, _, process in running.values()], signals.received or signal.SIGTERM)
     if ranks and not failed:
         merge_stats(executor)
-    return failed
 
 
 def merge_stats(executor):
